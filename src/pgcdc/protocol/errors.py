@@ -1,0 +1,52 @@
+"""The one exception the codec raises for bad input."""
+
+from __future__ import annotations
+
+__all__ = ["ProtocolError"]
+
+
+class ProtocolError(ValueError):
+    """A replication message that does not follow the pgoutput format.
+
+    ``message_type`` is the message's type byte as a character (``'I'`` for Insert) or None when
+    not even that could be read; ``offset`` is the byte offset within the message where the
+    problem was found; ``reason`` says what was wrong.
+    """
+
+    def __init__(self, message_type: str | None, offset: int, reason: str) -> None:
+        self.message_type = message_type
+        self.offset = offset
+        self.reason = reason
+        name = MESSAGE_NAMES.get(message_type or "")
+        what = (
+            f"{name} message ({message_type!r})"
+            if name
+            else ("message" if message_type is None else f"message type {message_type!r}")
+        )
+        super().__init__(f"bad pgoutput {what} at byte {offset}: {reason}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ProtocolError, (self.message_type, self.offset, self.reason))
+
+
+MESSAGE_NAMES: dict[str, str] = {
+    "B": "Begin",
+    "M": "Message",
+    "C": "Commit",
+    "O": "Origin",
+    "R": "Relation",
+    "Y": "Type",
+    "I": "Insert",
+    "U": "Update",
+    "D": "Delete",
+    "T": "Truncate",
+    "S": "Stream Start",
+    "E": "Stream Stop",
+    "c": "Stream Commit",
+    "A": "Stream Abort",
+    "b": "Begin Prepare",
+    "P": "Prepare",
+    "K": "Commit Prepared",
+    "r": "Rollback Prepared",
+    "p": "Stream Prepare",
+}

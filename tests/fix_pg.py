@@ -1,0 +1,91 @@
+"""Fixtures: real, throwaway PostgreSQL 15 and 18 servers shared across the test session.
+
+``pg_server`` is parametrized over both major versions, so every test that uses it (directly or
+through ``pg``) runs against both. ``pg`` gives each test its own fresh database on that server
+and drops it, with any replication slots in it, afterwards.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgcdc.cluster import Cluster
+
+PG_VERSIONS = (15, 18)
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session", params=PG_VERSIONS, ids=lambda v: f"pg{v}")
+def pg_server(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    cluster = Cluster(request.param)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@dataclass
+class PgDatabase:
+    """One test's database on a throwaway server."""
+
+    cluster: Cluster
+    dbname: str
+
+    @property
+    def major(self) -> int:
+        return self.cluster.major
+
+    def dsn(self, **extra: str) -> str:
+        return self.cluster.dsn(self.dbname, **extra)
+
+    def connect(self, autocommit: bool = True) -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(self.dsn(), autocommit=autocommit)
+
+    def execute(
+        self, query: str | sql.Composable, params: object = None
+    ) -> list[tuple[object, ...]]:
+        """Run one statement in its own autocommit connection; the rows it returns, if any."""
+        with self.connect() as conn:
+            cur = conn.execute(query, params)  # type: ignore[arg-type]
+            return cur.fetchall() if cur.description else []
+
+
+def _drop_database(cluster: Cluster, dbname: str) -> None:
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        for (slot,) in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (dbname,)
+        ).fetchall():
+            conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                "WHERE slot_name = %s AND active_pid IS NOT NULL",
+                (slot,),
+            )
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
+        )
+
+
+@pytest.fixture
+def pg(pg_server: Cluster) -> Iterator[PgDatabase]:
+    dbname = f"t{next(_counter)}"
+    with psycopg.connect(pg_server.dsn(), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    db = PgDatabase(pg_server, dbname)
+    try:
+        yield db
+    finally:
+        # prepared transactions pin the database: roll them back first
+        with psycopg.connect(db.dsn(), autocommit=True) as conn:
+            for (gid,) in conn.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+            ).fetchall():
+                conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
+        _drop_database(pg_server, dbname)
