@@ -219,20 +219,31 @@ class Decoder:
     """Stateful pgoutput decoder for one replication stream.
 
     ``proto_version`` is the ``proto_version`` option the stream was started with (1 to 4):
-    message types introduced in a later version are rejected. Text values and names are decoded
-    with ``encoding`` (the connection's client encoding). Call ``reset()`` when a new stream
-    starts (a reconnect), since a streamed block cannot continue across connections.
+    message types introduced in a later version are rejected. ``parallel_streaming`` says
+    whether it was started with ``streaming = parallel`` (Stream Abort then carries the abort
+    LSN and time); leave it None to accept either form of Stream Abort. Text values and names
+    are decoded with ``encoding`` (the connection's client encoding). Call ``reset()`` when a
+    new stream starts (a reconnect), since a streamed block cannot continue across connections.
     """
 
-    __slots__ = ("_dispatch", "encoding", "proto_version", "stream_xid")
+    __slots__ = ("_dispatch", "encoding", "parallel_streaming", "proto_version", "stream_xid")
 
-    def __init__(self, proto_version: int = 1, *, encoding: str = "utf-8") -> None:
+    def __init__(
+        self,
+        proto_version: int = 1,
+        *,
+        encoding: str = "utf-8",
+        parallel_streaming: bool | None = None,
+    ) -> None:
         if not 1 <= proto_version <= MAX_PROTO_VERSION:
             raise ValueError(
                 f"proto_version must be 1 to {MAX_PROTO_VERSION}, not {proto_version!r}"
             )
         self.proto_version = proto_version
         self.encoding = encoding
+        #: Whether the stream was started with ``streaming = parallel``, which (with protocol
+        #: version 4) adds the abort LSN and time to Stream Abort. None: tell by the length.
+        self.parallel_streaming = parallel_streaming
         #: Xid of the streamed transaction whose block is open, None outside Stream Start/Stop.
         self.stream_xid: int | None = None
         self._dispatch: dict[int, Callable[[_Cursor], ReplicationMessage]] = {
@@ -469,12 +480,14 @@ class Decoder:
     def _stream_abort(self, c: _Cursor) -> StreamAbort:
         xid, subxid = c.unpack(_STREAM_ABORT, "Xid and subtransaction Xid")
         remaining = c.end - c.pos
-        if remaining == 0:
+        with_info = self.proto_version >= 4 and self.parallel_streaming is not False
+        if remaining == 0 and not (with_info and self.parallel_streaming):
             return StreamAbort(xid=xid, subxid=subxid, abort_lsn=None, abort_time=None)
-        if self.proto_version < 4:
+        if not with_info:
             raise c.fail(
                 f"{remaining} bytes after the subtransaction Xid; the abort LSN and time "
-                f"exist only from protocol version 4 (this stream uses {self.proto_version})"
+                "exist only with protocol version 4 and streaming = parallel (this stream: "
+                f"version {self.proto_version}, parallel {self.parallel_streaming})"
             )
         lsn, t = c.unpack(_ABORT_INFO, "abort LSN and time")
         return StreamAbort(
