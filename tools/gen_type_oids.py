@@ -76,6 +76,19 @@ def fetch_rows(conn: psycopg.Connection[Any]) -> list[TypeRow]:
     return rows
 
 
+DISPLAY_QUERY = """
+SELECT t.oid::int, pg_catalog.format_type(t.oid, NULL)
+FROM pg_catalog.pg_type t
+WHERE t.oid < 10000
+ORDER BY t.oid
+"""
+
+
+def fetch_display_names(conn: psycopg.Connection[Any]) -> dict[int, str]:
+    """format_type(oid, NULL) of every built-in type: the names test_decoding prints."""
+    return {int(oid): str(name) for oid, name in conn.execute(DISPLAY_QUERY)}
+
+
 def constant_name(row: TypeRow) -> str:
     """The Python constant for a type's OID: ``INT4_OID``, ``INT4_ARRAY_OID``."""
     is_array = row.kind == "array" and row.name.startswith("_")
@@ -83,7 +96,9 @@ def constant_name(row: TypeRow) -> str:
     return re.sub(r"[^0-9A-Za-z]+", "_", stem).strip("_").upper() + "_OID"
 
 
-def render(rows: Sequence[TypeRow], major: int = SOURCE_MAJOR) -> str:
+def render(
+    rows: Sequence[TypeRow], display_names: dict[int, str], major: int = SOURCE_MAJOR
+) -> str:
     """The text of the generated module (already in ``ruff format`` style)."""
     names = [constant_name(r) for r in rows]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -98,7 +113,8 @@ def render(rows: Sequence[TypeRow], major: int = SOURCE_MAJOR) -> str:
         "",
         "``BUILTIN_TYPES`` rows are (oid, name, namespace, kind, element_oid, base_oid,",
         "array_oid, delimiter, type_modifier): the fields of",
-        "``pgcdc.protocol.values.registry.TypeInfo``.",
+        "``pgcdc.protocol.values.registry.TypeInfo``. ``DISPLAY_NAMES`` maps each OID to",
+        "``format_type(oid, NULL)``, the name the server prints (test_decoding's ``[type]``).",
         '"""',
         "",
         "from typing import Final",
@@ -114,6 +130,11 @@ def render(rows: Sequence[TypeRow], major: int = SOURCE_MAJOR) -> str:
         )
     out.append(")")
     out.append("")
+    out.append("DISPLAY_NAMES: Final[dict[int, str]] = {")
+    for oid, display in sorted(display_names.items()):
+        out.append(f"    {oid}: {_q(display)},")
+    out.append("}")
+    out.append("")
     for name, r in zip(names, rows, strict=True):
         out.append(f"{name}: Final = {r.oid}")
     out.append("")
@@ -127,7 +148,7 @@ def _q(text: str) -> str:
 def generate(major: int = SOURCE_MAJOR) -> str:
     """Start a throwaway server of ``major``, read its pg_type, and render the module."""
     with Cluster(major) as cluster, psycopg.connect(cluster.dsn(), autocommit=True) as conn:
-        return render(fetch_rows(conn), major)
+        return render(fetch_rows(conn), fetch_display_names(conn), major)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,7 @@
 ``pgcdc.protocol.columnar``.
 """
 
+from pgcdc.protocol.columnar import ColumnarBatch, ColumnarDecoder
 from pgcdc.protocol.decoder import MAX_PROTO_VERSION, Decoder
 from pgcdc.protocol.encoder import Encoder, encode_tuple
 from pgcdc.protocol.errors import ProtocolError
@@ -43,6 +44,8 @@ __all__ = [
     "Begin",
     "BeginPrepare",
     "Column",
+    "ColumnarBatch",
+    "ColumnarDecoder",
     "Commit",
     "CommitPrepared",
     "Decoder",

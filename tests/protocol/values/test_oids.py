@@ -13,15 +13,17 @@ def test_generated_module_is_current(pg: PgDatabase) -> None:
     built-in type of the server is in the table with the same attributes."""
     with pg.connect() as conn:
         rows = gen_type_oids.fetch_rows(conn)
+        display = gen_type_oids.fetch_display_names(conn)
     assert len(rows) > 150
     if pg.major == gen_type_oids.SOURCE_MAJOR:
-        assert gen_type_oids.render(rows) == gen_type_oids.TARGET.read_text(), (
+        assert gen_type_oids.render(rows, display) == gen_type_oids.TARGET.read_text(), (
             "oids.py is stale: run .venv/bin/python -m tools.gen_type_oids"
         )
     else:
         table = {row[0]: row for row in oids.BUILTIN_TYPES}
         for row in rows:
             assert table.get(row.oid) == tuple(row), f"PostgreSQL {pg.major}: {row}"
+            assert oids.DISPLAY_NAMES[row.oid] == display[row.oid]
 
 
 def test_constants() -> None:
