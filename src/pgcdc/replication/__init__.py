@@ -1,0 +1,94 @@
+"""The replication session: read a logical slot's pgoutput stream from PostgreSQL.
+
+* ``ReplicationSession`` streams a slot over a replication connection (psycopg2, kept behind
+  ``transport.ReplicationTransport``), reports progress, and reconnects; ``SqlSlotReader`` reads
+  the same stream through the SQL interface. Both yield ``WalData``, ``Idle`` and
+  ``Reconnected`` events and take ``confirm(lsn)``.
+* ``create_slot`` / ``create_slot_with_snapshot`` / ``drop_slot`` / ``slot_info`` manage slots;
+  ``create_publication`` / ``drop_publication`` / ``publication_info`` manage publications.
+* Every failure is a ``ReplicationError`` subclass naming the cause and the fix.
+
+Uses only ``pgcdc.protocol``'s layer and below; decodes nothing itself.
+"""
+
+from pgcdc.replication.errors import (
+    ConnectionLostError,
+    PublicationExistsError,
+    PublicationNotFoundError,
+    ReconnectGaveUpError,
+    ReplicationError,
+    ReplicationPermissionError,
+    ServerUnreachableError,
+    SlotActiveError,
+    SlotExistsError,
+    SlotInvalidatedError,
+    SlotMismatchError,
+    SlotNotFoundError,
+    UnsupportedOptionError,
+    scrub_secrets,
+)
+from pgcdc.replication.events import Idle, Reconnected, ReplicationEvent, WalData
+from pgcdc.replication.options import StreamOptions, max_proto_version, quote_publication_names
+from pgcdc.replication.publication import (
+    PublicationInfo,
+    PublicationTable,
+    PublishedTable,
+    create_publication,
+    drop_publication,
+    publication_info,
+)
+from pgcdc.replication.reconnect import NO_RECONNECT, ReconnectPolicy
+from pgcdc.replication.session import ReplicationSession
+from pgcdc.replication.slot import (
+    CreatedSlot,
+    ExportedSnapshot,
+    SlotInfo,
+    create_slot,
+    create_slot_with_snapshot,
+    drop_slot,
+    list_slots,
+    slot_info,
+)
+from pgcdc.replication.sql_interface import SqlSlotReader
+
+__all__ = [
+    "NO_RECONNECT",
+    "ConnectionLostError",
+    "CreatedSlot",
+    "ExportedSnapshot",
+    "Idle",
+    "PublicationExistsError",
+    "PublicationInfo",
+    "PublicationNotFoundError",
+    "PublicationTable",
+    "PublishedTable",
+    "ReconnectGaveUpError",
+    "ReconnectPolicy",
+    "Reconnected",
+    "ReplicationError",
+    "ReplicationEvent",
+    "ReplicationPermissionError",
+    "ReplicationSession",
+    "ServerUnreachableError",
+    "SlotActiveError",
+    "SlotExistsError",
+    "SlotInfo",
+    "SlotInvalidatedError",
+    "SlotMismatchError",
+    "SlotNotFoundError",
+    "SqlSlotReader",
+    "StreamOptions",
+    "UnsupportedOptionError",
+    "WalData",
+    "create_publication",
+    "create_slot",
+    "create_slot_with_snapshot",
+    "drop_publication",
+    "drop_slot",
+    "list_slots",
+    "max_proto_version",
+    "publication_info",
+    "quote_publication_names",
+    "scrub_secrets",
+    "slot_info",
+]

@@ -1,0 +1,319 @@
+"""Publications: which tables (and which rows and columns of them) a slot's stream carries.
+
+``create_publication`` covers the three kinds (a list of tables, ``FOR ALL TABLES``,
+``FOR TABLES IN SCHEMA``) and the publish options. Each listed table may carry a row filter
+(``WHERE`` expression) and a column list (PostgreSQL 15+). ``publication_info`` reads back what a
+publication covers, with each table's effective columns and row filter.
+
+Every identifier goes through ``psycopg.sql.Identifier``, so names with quotes, spaces and any
+Unicode work. A row filter is an SQL expression and is passed through as written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+import psycopg
+from psycopg import sql
+
+from pgcdc.replication.database import Connectable, raise_sql_error, server_name, sql_connection
+from pgcdc.replication.errors import (
+    PublicationExistsError,
+    PublicationNotFoundError,
+    UnsupportedOptionError,
+)
+
+__all__ = [
+    "PUBLISH_ALL",
+    "PublicationInfo",
+    "PublicationTable",
+    "PublishOperation",
+    "PublishedTable",
+    "create_publication",
+    "drop_publication",
+    "missing_publications",
+    "publication_info",
+]
+
+log = logging.getLogger("pgcdc.replication")
+
+PublishOperation: TypeAlias = Literal["insert", "update", "delete", "truncate"]
+PUBLISH_ALL: frozenset[PublishOperation] = frozenset(("insert", "update", "delete", "truncate"))
+_PUBLISH_ORDER: tuple[PublishOperation, ...] = ("insert", "update", "delete", "truncate")
+
+
+@dataclass(frozen=True, slots=True)
+class PublicationTable:
+    """A table to publish.
+
+    ``schema`` None leaves the name unqualified (resolved through ``search_path``). ``where`` is
+    a row filter, an SQL boolean expression over the table's columns (PostgreSQL 15+; for
+    UPDATE and DELETE it may only use replica identity columns). ``columns`` restricts the
+    published columns (PostgreSQL 15+; it must include the replica identity).
+    """
+
+    name: str
+    schema: str | None = None
+    where: str | None = None
+    columns: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a PublicationTable needs a table name")
+        given: object = self.columns
+        if self.columns is not None:
+            if isinstance(given, str):
+                raise TypeError(
+                    f"columns must be a tuple of column names, not the string {self.columns!r}"
+                )
+            object.__setattr__(self, "columns", tuple(self.columns))
+            if not self.columns:
+                raise ValueError(f"empty column list for table {self.name!r}: omit it instead")
+        if self.where is not None and not self.where.strip():
+            raise ValueError(f"empty row filter for table {self.name!r}: omit it instead")
+
+    def identifier(self) -> sql.Identifier:
+        return (
+            sql.Identifier(self.name)
+            if self.schema is None
+            else sql.Identifier(self.schema, self.name)
+        )
+
+    def clause(self) -> sql.Composable:
+        parts: list[sql.Composable] = [self.identifier()]
+        if self.columns is not None:
+            parts.append(
+                sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(c) for c in self.columns))
+            )
+        if self.where is not None:
+            parts.append(sql.SQL("WHERE ({})").format(sql.SQL(self.where)))  # an SQL expression
+        return sql.SQL(" ").join(parts)
+
+
+TableSpec: TypeAlias = "PublicationTable | str | tuple[str, str]"
+
+
+def _table(spec: TableSpec) -> PublicationTable:
+    if isinstance(spec, PublicationTable):
+        return spec
+    if isinstance(spec, str):
+        return PublicationTable(spec)
+    if isinstance(spec, tuple) and len(spec) == 2:
+        return PublicationTable(spec[1], schema=spec[0])
+    raise TypeError(
+        f"a publication table is a PublicationTable, a table name or a (schema, table) tuple, "
+        f"not {spec!r}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PublishedTable:
+    """A table a publication covers: its published columns and its row filter, if any."""
+
+    schema: str
+    name: str
+    columns: tuple[str, ...]
+    column_list: bool  # whether an explicit column list restricts ``columns``
+    row_filter: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PublicationInfo:
+    """What ``pg_publication``, ``pg_publication_tables`` and friends say about a publication."""
+
+    name: str
+    all_tables: bool
+    publish: frozenset[PublishOperation]
+    via_partition_root: bool
+    tables: tuple[PublishedTable, ...]  # every table covered, however (list, schema, all)
+    listed_tables: tuple[tuple[str, str], ...]  # tables named with FOR TABLE
+    schemas: tuple[str, ...]  # FOR TABLES IN SCHEMA
+    generated_columns: str | None = None  # 'none' or 'stored' (PostgreSQL 18+)
+
+
+def create_publication(
+    target: Connectable,
+    name: str,
+    *,
+    tables: Sequence[TableSpec] = (),
+    schemas: Sequence[str] = (),
+    all_tables: bool = False,
+    publish: Iterable[PublishOperation] | None = None,
+    via_partition_root: bool | None = None,
+) -> None:
+    """CREATE PUBLICATION for a list of tables and/or schemas, or for all tables.
+
+    ``publish`` (default: all four operations) chooses which operations are published;
+    ``via_partition_root`` publishes partitions' changes as their root table's.
+    """
+    specs = [_table(t) for t in tables]
+    schema_list = list(schemas)
+    if isinstance(schemas, str):
+        raise TypeError(f"schemas must be a sequence of names, not the string {schemas!r}")
+    if all_tables and (specs or schema_list):
+        raise ValueError("all_tables=True cannot be combined with tables or schemas")
+    if not all_tables and not specs and not schema_list:
+        raise ValueError(
+            "a publication needs tables, schemas or all_tables=True (an empty publication "
+            "would publish nothing)"
+        )
+    ops: list[PublishOperation] | None = None
+    if publish is not None:
+        if isinstance(publish, str):
+            raise TypeError(f"publish must be a collection of operations, not {publish!r}")
+        wanted = set(publish)
+        unknown = wanted - PUBLISH_ALL
+        if unknown:
+            raise ValueError(
+                f"unknown publish operation(s) {sorted(unknown)}; "
+                "choose from insert, update, delete, truncate"
+            )
+        ops = [op for op in _PUBLISH_ORDER if op in wanted]
+    with sql_connection(target) as conn:
+        major = conn.info.server_version // 10000
+        if major < 15 and (
+            schema_list or any(t.where is not None or t.columns is not None for t in specs)
+        ):
+            raise UnsupportedOptionError(
+                f"row filters, column lists and TABLES IN SCHEMA need PostgreSQL 15 or later; "
+                f"{server_name(conn)} runs {major}",
+                "publish whole tables on this server",
+            )
+        if all_tables:
+            what: sql.Composable = sql.SQL("FOR ALL TABLES")
+        else:
+            objects: list[sql.Composable] = []
+            if specs:
+                objects.append(
+                    sql.SQL("TABLE {}").format(sql.SQL(", ").join(t.clause() for t in specs))
+                )
+            if schema_list:
+                objects.append(
+                    sql.SQL("TABLES IN SCHEMA {}").format(
+                        sql.SQL(", ").join(sql.Identifier(s) for s in schema_list)
+                    )
+                )
+            what = sql.SQL("FOR {}").format(sql.SQL(", ").join(objects))
+        with_options: list[sql.Composable] = []
+        if ops is not None:
+            with_options.append(sql.SQL("publish = {}").format(sql.Literal(", ".join(ops))))
+        if via_partition_root is not None:
+            with_options.append(
+                sql.SQL("publish_via_partition_root = {}").format(
+                    sql.SQL("true" if via_partition_root else "false")
+                )
+            )
+        query = sql.SQL("CREATE PUBLICATION {} {}").format(sql.Identifier(name), what)
+        if with_options:
+            query = sql.SQL("{} WITH ({})").format(query, sql.SQL(", ").join(with_options))
+        try:
+            conn.execute(query)
+        except psycopg.errors.DuplicateObject:
+            raise PublicationExistsError(
+                f"publication {name!r} already exists on {server_name(conn)}",
+                "use it as it is, drop it first (drop_publication), or choose another name",
+            ) from None
+        except psycopg.Error as exc:
+            raise_sql_error(exc, conn)
+    log.info(
+        "created publication %s (%s tables, %s schemas, all_tables=%s)",
+        name,
+        len(specs),
+        len(schema_list),
+        all_tables,
+    )
+
+
+def drop_publication(target: Connectable, name: str, *, missing_ok: bool = False) -> bool:
+    """DROP PUBLICATION; whether there was one to drop."""
+    with sql_connection(target) as conn:
+        try:
+            conn.execute(sql.SQL("DROP PUBLICATION {}").format(sql.Identifier(name)))
+        except psycopg.errors.UndefinedObject:
+            if missing_ok:
+                return False
+            raise PublicationNotFoundError(
+                f"publication {name!r} does not exist on {server_name(conn)}",
+                "check the name (publication_info), or pass missing_ok=True",
+            ) from None
+        except psycopg.Error as exc:
+            raise_sql_error(exc, conn)
+    log.info("dropped publication %s", name)
+    return True
+
+
+def missing_publications(conn: psycopg.Connection[Any], names: Iterable[str]) -> list[str]:
+    """Those of ``names`` that are not publications of the connection's database."""
+    wanted = list(dict.fromkeys(names))
+    try:
+        rows = conn.execute(
+            "SELECT pubname::text FROM pg_publication WHERE pubname = ANY(%s::text[])",
+            (wanted,),
+        ).fetchall()
+    except psycopg.Error as exc:
+        raise_sql_error(exc, conn)
+    found = {row[0] for row in rows}
+    return [n for n in wanted if n not in found]
+
+
+_GENCOLS = {"n": "none", "s": "stored"}
+
+
+def publication_info(target: Connectable, name: str) -> PublicationInfo | None:
+    """What the publication covers, or None if there is no such publication."""
+    with sql_connection(target) as conn:
+        try:
+            row = conn.execute(
+                "SELECT p.oid, to_jsonb(p) FROM pg_publication p WHERE p.pubname = %s", (name,)
+            ).fetchone()
+            if row is None:
+                return None
+            oid, pub = row
+            tables = conn.execute(
+                "SELECT t.schemaname::text, t.tablename::text, t.attnames::text[], t.rowfilter, "
+                "r.prattrs IS NOT NULL "
+                "FROM pg_publication_tables t LEFT JOIN ("
+                "  SELECT n.nspname, c.relname, pr.prattrs FROM pg_publication_rel pr"
+                "  JOIN pg_class c ON c.oid = pr.prrelid"
+                "  JOIN pg_namespace n ON n.oid = c.relnamespace WHERE pr.prpubid = %s"
+                ") r ON r.nspname = t.schemaname AND r.relname = t.tablename "
+                "WHERE t.pubname = %s ORDER BY 1, 2",
+                (oid, name),
+            ).fetchall()
+            listed = conn.execute(
+                "SELECT n.nspname::text, c.relname::text FROM pg_publication_rel pr "
+                "JOIN pg_class c ON c.oid = pr.prrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE pr.prpubid = %s ORDER BY 1, 2",
+                (oid,),
+            ).fetchall()
+            schemas = conn.execute(
+                "SELECT n.nspname::text FROM pg_publication_namespace pn "
+                "JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE pn.pnpubid = %s ORDER BY 1",
+                (oid,),
+            ).fetchall()
+        except psycopg.Error as exc:
+            raise_sql_error(exc, conn)
+    publish = frozenset(op for op in _PUBLISH_ORDER if pub.get(f"pub{op}"))
+    return PublicationInfo(
+        name=name,
+        all_tables=bool(pub["puballtables"]),
+        publish=publish,
+        via_partition_root=bool(pub.get("pubviaroot")),
+        tables=tuple(
+            PublishedTable(
+                schema=schema,
+                name=table,
+                columns=tuple(attnames or ()),
+                column_list=bool(has_list),
+                row_filter=rowfilter,
+            )
+            for schema, table, attnames, rowfilter, has_list in tables
+        ),
+        listed_tables=tuple((schema, table) for schema, table in listed),
+        schemas=tuple(s for (s,) in schemas),
+        generated_columns=_GENCOLS.get(pub.get("pubgencols") or "", pub.get("pubgencols")),
+    )
