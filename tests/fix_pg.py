@@ -7,6 +7,7 @@ and drops it, with any replication slots in it, afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -73,12 +74,12 @@ def _drop_database(cluster: Cluster, dbname: str) -> None:
         )
 
 
-@pytest.fixture
-def pg(pg_server: Cluster) -> Iterator[PgDatabase]:
+@contextlib.contextmanager
+def _database(server: Cluster) -> Iterator[PgDatabase]:
     dbname = f"t{next(_counter)}"
-    with psycopg.connect(pg_server.dsn(), autocommit=True) as conn:
+    with psycopg.connect(server.dsn(), autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-    db = PgDatabase(pg_server, dbname)
+    db = PgDatabase(server, dbname)
     try:
         yield db
     finally:
@@ -88,4 +89,18 @@ def pg(pg_server: Cluster) -> Iterator[PgDatabase]:
                 "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
             ).fetchall():
                 conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
-        _drop_database(pg_server, dbname)
+        _drop_database(server, dbname)
+
+
+@pytest.fixture
+def pg(pg_server: Cluster) -> Iterator[PgDatabase]:
+    """A fresh database for one test, on PostgreSQL 15 and on 18."""
+    with _database(pg_server) as db:
+        yield db
+
+
+@pytest.fixture(scope="module")
+def pg_module(pg_server: Cluster) -> Iterator[PgDatabase]:
+    """A database shared by the tests of one module, on PostgreSQL 15 and on 18."""
+    with _database(pg_server) as db:
+        yield db

@@ -172,7 +172,9 @@ class TestDecodingPrinter(OutputPlugin):
     def message(
         self, ctx: DecodingContext, txn: Transaction | None, message: LogicalMessage
     ) -> None:
-        if message.transactional:
+        # test_decoding of PostgreSQL 18 opens the transaction (BEGIN) for a transactional
+        # message and counts it as a change; earlier versions print the message bare
+        if message.transactional and self._major >= 18:
             self._begin_once()
         head = (
             f"message: transactional: {int(message.transactional)} prefix: {message.prefix}, "

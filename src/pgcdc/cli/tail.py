@@ -1,0 +1,192 @@
+"""``pgcdc tail``: print a slot's committed transactions, as test_decoding or as JSON lines.
+
+Reads a logical slot with pgoutput over a replication connection (or, with ``--sql-interface``,
+through the slot SQL functions), assembles committed transactions and prints them. Each
+transaction is acknowledged to the server once it was written and flushed to stdout, unless
+``--no-ack`` leaves the slot where it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from pgcdc.decoding import run as run_plugin
+from pgcdc.decoding.printers import JsonPrinter, TestDecodingPrinter, TwoPhaseTestDecodingPrinter
+from pgcdc.lsn import Lsn
+from pgcdc.protocol.values.registry import TypeRegistry
+from pgcdc.replication import (
+    ReplicationError,
+    ReplicationSession,
+    SlotExistsError,
+    SqlSlotReader,
+    StreamOptions,
+    create_slot,
+    scrub_secrets,
+)
+
+log = logging.getLogger("pgcdc.tail")
+
+NAME = "tail"
+
+
+def register(sub: Any) -> tuple[str, Callable[[argparse.Namespace], int]]:
+    p = sub.add_parser(
+        NAME,
+        help="print committed transactions from a logical replication slot",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--dsn", required=True, help="libpq connection string of the source database")
+    p.add_argument("--slot", required=True, help="logical replication slot (pgoutput)")
+    p.add_argument(
+        "--publication",
+        action="append",
+        required=True,
+        dest="publications",
+        metavar="PUB",
+        help="publication to read (repeatable)",
+    )
+    p.add_argument(
+        "--create-slot",
+        action="store_true",
+        help="create the slot (with --two-phase: a two-phase slot) if it does not exist",
+    )
+    p.add_argument(
+        "--proto-version",
+        type=int,
+        choices=[1, 2, 3, 4],
+        default=None,
+        help="pgoutput protocol version (default: the highest the server supports)",
+    )
+    p.add_argument("--streaming", choices=["off", "on", "parallel"], default="off")
+    p.add_argument("--binary", action="store_true", help="ask for binary column values")
+    p.add_argument("--two-phase", action="store_true", help="decode prepared transactions")
+    p.add_argument("--messages", action="store_true", help="include logical decoding messages")
+    p.add_argument("--origin", choices=["any", "none"], default=None)
+    p.add_argument("--format", choices=["test_decoding", "json"], default="test_decoding")
+    p.add_argument(
+        "--until-caught-up",
+        action="store_true",
+        help="stop once everything up to the server's WAL position at start was printed",
+    )
+    p.add_argument("--no-ack", action="store_true", help="leave the slot where it was")
+    p.add_argument(
+        "--sql-interface",
+        action="store_true",
+        help="read through pg_logical_slot_peek_binary_changes instead of a replication connection",
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=int,
+        default=64 << 20,
+        metavar="BYTES",
+        help="buffered changes beyond this spill to disk (default 64 MiB)",
+    )
+    return NAME, run
+
+
+def run(args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+
+    def write(line: bytes) -> None:
+        out.write(line + b"\n")
+
+    try:
+        options = StreamOptions(
+            publication_names=tuple(args.publications),
+            proto_version=args.proto_version,
+            binary=args.binary,
+            messages=args.messages,
+            streaming=args.streaming,
+            two_phase=args.two_phase,
+            origin=args.origin,
+        )
+        with psycopg.connect(args.dsn, autocommit=True) as conn:
+            major = conn.info.server_version // 10000
+            timezone = str(conn.execute("SHOW TimeZone").fetchone()[0])  # type: ignore[index]
+            registry = TypeRegistry()
+            registry.load(conn)
+            until = (
+                Lsn.parse(str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]))  # type: ignore[index]
+                if args.until_caught_up
+                else None
+            )
+        if args.create_slot:
+            try:
+                create_slot(args.dsn, args.slot, two_phase=args.two_phase)
+                log.info("created slot %s", args.slot)
+            except SlotExistsError:
+                log.info("slot %s exists; reading it", args.slot)
+
+        names = _FormatType(args.dsn)
+        printer: Any
+        if args.format == "json":
+            printer = JsonPrinter(write, registry=registry, timezone=timezone, flush=out.flush)
+        else:
+            cls = TwoPhaseTestDecodingPrinter if args.two_phase else TestDecodingPrinter
+            printer = cls(
+                write,
+                type_names=names,
+                major=major,
+                registry=registry,
+                timezone=timezone,
+                flush=out.flush,
+            )
+        source: Any
+        if args.sql_interface:
+            source = SqlSlotReader(args.dsn, args.slot, options, acknowledge=not args.no_ack)
+        else:
+            source = ReplicationSession(args.dsn, args.slot, options, acknowledge=not args.no_ack)
+        try:
+            with source:
+                result = run_plugin(
+                    printer,
+                    source,
+                    until_lsn=until,
+                    memory_limit=args.memory_limit,
+                    registry=registry,
+                )
+        finally:
+            names.close()
+        out.flush()
+        log.info(
+            "stopped (%s): confirmed %s, %d transactions",
+            result.reason,
+            result.confirmed_lsn,
+            result.stats.transactions,
+        )
+        return 0
+    except ReplicationError as exc:
+        print(f"pgcdc tail: {exc}", file=sys.stderr)
+        return 1
+    except psycopg.Error as exc:
+        print(f"pgcdc tail: {scrub_secrets(str(exc).strip())}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"pgcdc tail: {exc}", file=sys.stderr)
+        return 2
+
+
+class _FormatType:
+    """format_type(oid, NULL) for types that are not built in, from the source's catalog."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __call__(self, oid: int) -> str:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self._dsn, autocommit=True)
+        row = self._conn.execute("SELECT format_type(%s, NULL)", (oid,)).fetchone()
+        return str(row[0]) if row and row[0] is not None else str(oid)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
