@@ -90,6 +90,9 @@ def _database(server: Cluster) -> Iterator[PgDatabase]:
             ).fetchall():
                 conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
         _drop_database(server, dbname)
+        # replication origins belong to the whole server, not to the database
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_replication_origin_drop(roname) FROM pg_replication_origin")
 
 
 @pytest.fixture

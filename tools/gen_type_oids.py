@@ -142,7 +142,11 @@ def render(
 
 
 def _q(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A Python string literal as ruff format writes it (double quotes unless that escapes)."""
+    body = text.replace("\\", "\\\\")
+    if '"' in text and "'" not in text:
+        return "'" + body + "'"
+    return '"' + body.replace('"', '\\"') + '"'
 
 
 def generate(major: int = SOURCE_MAJOR) -> str:

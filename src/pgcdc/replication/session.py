@@ -86,9 +86,9 @@ class ReplicationSession:
     transactions that committed before it. ``temporary_slot`` creates the slot, as a temporary
     one, on the session's own connection; it dies with that connection, so such a session
     cannot reconnect (it raises ``ConnectionLostError``). With ``acknowledge=False`` the session
-    never reports a flush position: the slot stays where it was, whatever is confirmed. ``receive_timeout``: with nothing at
-    all from the server for half of it the session asks for a keepalive, after all of it the
-    connection counts as lost.
+    never reports a flush position: the slot stays where it was, whatever is confirmed.
+    ``receive_timeout``: with nothing at all from the server for half of it the session asks
+    for a keepalive, after all of it the connection counts as lost.
 
     Use as a context manager (or call ``connect()`` and ``close()``), iterate ``events()`` and
     ``confirm()`` what has been made durable. ``confirm()`` may be called from another thread;
