@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,8 @@ import psycopg
 
 from pgcdc.decoding import run as run_plugin
 from pgcdc.decoding.printers import JsonPrinter, TestDecodingPrinter, TwoPhaseTestDecodingPrinter
+from pgcdc.filters import FilterEvaluationError, FilterSet, RowFilter, RowFilterError, StreamFilter
+from pgcdc.filters.source import FilteredSource, check_filters
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.values.registry import TypeRegistry
 from pgcdc.replication import (
@@ -82,6 +85,15 @@ def register(sub: Any) -> tuple[str, Callable[[argparse.Namespace], int]]:
         help="read through pg_logical_slot_peek_binary_changes instead of a replication connection",
     )
     p.add_argument(
+        "--row-filter",
+        action="append",
+        default=[],
+        dest="row_filters",
+        metavar="SCHEMA.TABLE=EXPR",
+        help="a client-side row filter with PostgreSQL's publication WHERE semantics "
+        "(repeatable; several for one table are OR-ed); quote identifiers as in SQL",
+    )
+    p.add_argument(
         "--memory-limit",
         type=int,
         default=64 << 20,
@@ -107,11 +119,20 @@ def run(args: argparse.Namespace) -> int:
             two_phase=args.two_phase,
             origin=args.origin,
         )
+        filters = _row_filters(args.row_filters)  # bad filters fail before anything starts
         with psycopg.connect(args.dsn, autocommit=True) as conn:
             major = conn.info.server_version // 10000
-            timezone = str(conn.execute("SHOW TimeZone").fetchone()[0])  # type: ignore[index]
+            collation, actions = _database_facts(conn, args.publications)
             registry = TypeRegistry()
             registry.load(conn)
+            check_filters(
+                conn,
+                filters,
+                publishes_update_or_delete=bool({"update", "delete"} & set(actions)),
+                collation=collation,
+                registry=registry,
+            )
+            timezone = str(conn.execute("SHOW TimeZone").fetchone()[0])  # type: ignore[index]
             until = (
                 Lsn.parse(str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]))  # type: ignore[index]
                 if args.until_caught_up
@@ -143,6 +164,11 @@ def run(args: argparse.Namespace) -> int:
             source = SqlSlotReader(args.dsn, args.slot, options, acknowledge=not args.no_ack)
         else:
             source = ReplicationSession(args.dsn, args.slot, options, acknowledge=not args.no_ack)
+        if filters:
+            rules = FilterSet.from_config(filters, actions=actions)
+            source = FilteredSource(
+                source, StreamFilter(rules, registry=registry, collation=collation)
+            )
         try:
             with source:
                 result = run_plugin(
@@ -165,12 +191,64 @@ def run(args: argparse.Namespace) -> int:
     except ReplicationError as exc:
         print(f"pgcdc tail: {exc}", file=sys.stderr)
         return 1
+    except RowFilterError as exc:
+        print(f"pgcdc tail: row filter: {exc}", file=sys.stderr)
+        return 2 if not isinstance(exc, FilterEvaluationError) else 1
+    except LookupError as exc:
+        print(f"pgcdc tail: row filter: {exc}", file=sys.stderr)
+        return 2
     except psycopg.Error as exc:
         print(f"pgcdc tail: {scrub_secrets(str(exc).strip())}", file=sys.stderr)
         return 1
     except ValueError as exc:
         print(f"pgcdc tail: {exc}", file=sys.stderr)
         return 2
+
+
+_QUALIFIED = re.compile(
+    r'\s*(?P<schema>"(?:[^"]|"")+"|[^."=\s]+)\s*\.\s*(?P<table>"(?:[^"]|"")+"|[^."=\s]+)\s*='
+)
+
+
+def _identifier(text: str) -> str:
+    if text.startswith('"'):
+        return text[1:-1].replace('""', '"')
+    return text.lower()
+
+
+def _row_filters(specs: list[str]) -> dict[str, list[str]]:
+    """``schema.table=EXPR`` options -> {"schema.table": [EXPR, ...]} (names unquoted)."""
+    out: dict[str, list[str]] = {}
+    for spec in specs:
+        match = _QUALIFIED.match(spec)
+        if match is None or not spec[match.end() :].strip():
+            raise ValueError(
+                f"--row-filter {spec!r}: expected SCHEMA.TABLE=EXPR, for example "
+                "--row-filter 'public.orders=amount > 100' (double-quote identifiers that need it)"
+            )
+        table = f"{_identifier(match['schema'])}.{_identifier(match['table'])}"
+        expr = spec[match.end() :].strip()
+        RowFilter.parse(expr)  # syntax errors surface now, with their position
+        out.setdefault(table, []).append(expr)
+    return out
+
+
+def _database_facts(
+    conn: psycopg.Connection[Any], publications: list[str]
+) -> tuple[str, list[str]]:
+    """The database's collation and the actions the publications publish."""
+    row = conn.execute(
+        "SELECT datcollate FROM pg_database WHERE datname = current_database()"
+    ).fetchone()
+    collation = str(row[0]) if row else "C"
+    flags = conn.execute(
+        "SELECT coalesce(bool_or(pubinsert), true), coalesce(bool_or(pubupdate), true),"
+        " coalesce(bool_or(pubdelete), true) FROM pg_publication WHERE pubname = ANY(%s)",
+        (publications,),
+    ).fetchone()
+    names = ("insert", "update", "delete")
+    actions = [n for n, on in zip(names, flags or (True, True, True), strict=True) if on]
+    return collation, actions
 
 
 class _FormatType:
