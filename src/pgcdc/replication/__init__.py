@@ -28,6 +28,13 @@ from pgcdc.replication.errors import (
     scrub_secrets,
 )
 from pgcdc.replication.events import Idle, Reconnected, ReplicationEvent, WalData
+from pgcdc.replication.health import (
+    DEFAULT_WARN_BYTES,
+    Heartbeat,
+    SlotHealth,
+    raise_if_lost,
+    slot_health,
+)
 from pgcdc.replication.options import StreamOptions, max_proto_version, quote_publication_names
 from pgcdc.replication.publication import (
     PublicationInfo,
@@ -52,10 +59,12 @@ from pgcdc.replication.slot import (
 from pgcdc.replication.sql_interface import SqlSlotReader
 
 __all__ = [
+    "DEFAULT_WARN_BYTES",
     "NO_RECONNECT",
     "ConnectionLostError",
     "CreatedSlot",
     "ExportedSnapshot",
+    "Heartbeat",
     "Idle",
     "PublicationExistsError",
     "PublicationInfo",
@@ -72,6 +81,7 @@ __all__ = [
     "ServerUnreachableError",
     "SlotActiveError",
     "SlotExistsError",
+    "SlotHealth",
     "SlotInfo",
     "SlotInvalidatedError",
     "SlotMismatchError",
@@ -89,6 +99,8 @@ __all__ = [
     "max_proto_version",
     "publication_info",
     "quote_publication_names",
+    "raise_if_lost",
     "scrub_secrets",
+    "slot_health",
     "slot_info",
 ]
