@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -68,6 +69,16 @@ def _drop_database(cluster: Cluster, dbname: str) -> None:
                 "WHERE slot_name = %s AND active_pid IS NOT NULL",
                 (slot,),
             )
+            # termination is asynchronous: wait for the walsender to release the slot
+            deadline = time.monotonic() + 30
+            while (
+                conn.execute(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+                ).fetchone()
+                == (True,)
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.05)
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
