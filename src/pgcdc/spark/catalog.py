@@ -1,0 +1,339 @@
+"""What the source reads from PostgreSQL's catalog: the published tables, their columns, types.
+
+``load_catalog`` runs when a DataFrame is defined (``DataSource.schema()``): it finds the tables
+of the publications (or the tables named in the options), each with its published columns in
+``attnum`` order (type OID, type modifier, ``format_type`` text, replica identity key flag), the
+row filter that applies to its initial copy, and the user-defined types those columns use (for
+the ``TypeRegistry`` of the decoders). The result, a ``SourceCatalog``, is a frozen, picklable
+value: Spark ships it, inside the data source object, to the worker that runs the stream's
+driver-side methods and to every executor.
+
+``current_table`` re-reads one relation when the stream's definition of it differs from the
+catalog the query started with, to tell a real schema change from a change since undone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from pgcdc.protocol.values import TypeInfo, fetch_types
+from pgcdc.replication.database import connect_sql
+from pgcdc.spark.errors import OptionError
+
+__all__ = [
+    "CatalogColumn",
+    "CatalogTable",
+    "SourceCatalog",
+    "current_table",
+    "load_catalog",
+]
+
+log = logging.getLogger("pgcdc.spark")
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogColumn:
+    """One published column."""
+
+    name: str
+    type_oid: int
+    type_modifier: int
+    type_name: str  # format_type(atttypid, atttypmod)
+    ndims: int
+    key: bool  # flagged as part of the replica identity in Relation messages
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogTable:
+    """One published table (a partition root when the publication publishes via the root)."""
+
+    relid: int
+    schema: str
+    name: str
+    replica_identity: str  # relreplident: d, n, f, i
+    columns: tuple[CatalogColumn, ...]
+    row_filter: str | None = None  # for the initial copy: the OR of the filters that apply
+    pages: int = 0  # pg_relation_size / block size when loaded (snapshot planning)
+    size_bytes: int = 0
+
+    @property
+    def qualified(self) -> str:
+        """``schema.table`` as the source writes it into ``_table_id``."""
+        return f"{self.schema}.{self.name}"
+
+    def column(self, name: str) -> CatalogColumn | None:
+        for column in self.columns:
+            if column.name == name:
+                return column
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCatalog:
+    """The tables of one source, and the user types their columns use."""
+
+    tables: tuple[CatalogTable, ...]
+    types: tuple[TypeInfo, ...]
+    server_version: int
+    publications: tuple[str, ...] = ()
+    database: str = ""
+    block_size: int = 8192
+
+    def table(self, schema: str, name: str) -> CatalogTable | None:
+        for table in self.tables:
+            if table.schema == schema and table.name == name:
+                return table
+        return None
+
+
+_PUBLISHED_15 = """
+SELECT t.schemaname::text, t.tablename::text, t.attnames::text[], t.rowfilter
+FROM pg_catalog.pg_publication_tables t
+WHERE t.pubname = ANY(%s::text[])
+ORDER BY 1, 2
+"""
+_PUBLISHED_OLD = """
+SELECT t.schemaname::text, t.tablename::text, NULL::text[], NULL::text
+FROM pg_catalog.pg_publication_tables t
+WHERE t.pubname = ANY(%s::text[])
+ORDER BY 1, 2
+"""
+_RELATIONS = """
+SELECT c.oid::int8, n.nspname::text, c.relname::text, c.relreplident::text, c.relkind::text,
+       pg_catalog.pg_relation_size(c.oid)
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
+"""
+_COLUMNS = """
+SELECT a.attrelid::int8, a.attname::text, a.atttypid::int8, a.atttypmod, a.attndims,
+       pg_catalog.format_type(a.atttypid, a.atttypmod),
+       c.relreplident = 'f' OR COALESCE(a.attnum = ANY(i.indkey::int2[]), false),
+       a.attgenerated::text
+FROM pg_catalog.pg_attribute a
+JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+LEFT JOIN pg_catalog.pg_index i ON i.indrelid = c.oid AND (
+    (c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
+WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attrelid, a.attnum
+"""
+
+
+def _check_server(conn: psycopg.Connection[Any]) -> tuple[int, str, int]:
+    row = conn.execute(
+        "SELECT current_setting('server_version_num')::int, "
+        "pg_catalog.pg_encoding_to_char(d.encoding), current_setting('block_size')::int "
+        "FROM pg_catalog.pg_database d WHERE d.datname = current_database()"
+    ).fetchone()
+    assert row is not None
+    version, encoding, block_size = int(row[0]), str(row[1]), int(row[2])
+    if encoding.upper() not in ("UTF8", "SQL_ASCII"):
+        raise OptionError(
+            f"database {conn.info.dbname!r} uses encoding {encoding}; the pgcdc Spark source "
+            "decodes UTF-8 text only",
+            "use a UTF-8 database (CREATE DATABASE ... ENCODING 'UTF8')",
+        )
+    return version, conn.info.dbname, block_size
+
+
+def _or_filters(filters: Sequence[str | None]) -> str | None:
+    """The initial-copy filter of a table published by several publications (tablesync.c):
+    none at all if any publication publishes it unfiltered, else the OR of the filters."""
+    if not filters or any(f is None for f in filters):
+        return None
+    distinct = list(dict.fromkeys(f for f in filters if f is not None))
+    if len(distinct) == 1:
+        return distinct[0]
+    return " OR ".join(f"({f})" for f in distinct)
+
+
+def load_catalog(
+    dsn: str,
+    *,
+    publications: Sequence[str] = (),
+    tables: Sequence[tuple[str, str]] = (),
+    extra_filters: dict[tuple[str, str], list[str]] | None = None,
+    connect_timeout: float = 10.0,
+) -> SourceCatalog:
+    """The tables of ``publications`` (their published columns and combined row filters), or the
+    named ``tables`` (all their columns), plus the user types they use.
+
+    ``extra_filters`` adds row filters per table, OR-combined with the publications' ones as if
+    each came from one more publication.
+    """
+    if not publications and not tables:
+        raise OptionError(
+            "the pgcdc source needs the tables to read",
+            "set the option 'publications' (stream and snapshot) or 'tables' (snapshot)",
+        )
+    extra = extra_filters or {}
+    conn = connect_sql(dsn, connect_timeout=connect_timeout)
+    try:
+        version, database, block_size = _check_server(conn)
+        wanted: dict[tuple[str, str], tuple[set[str] | None, list[str | None]]] = {}
+        if publications:
+            found = {
+                row[0]
+                for row in conn.execute(
+                    "SELECT pubname::text FROM pg_catalog.pg_publication "
+                    "WHERE pubname = ANY(%s::text[])",
+                    (list(publications),),
+                ).fetchall()
+            }
+            missing = [p for p in publications if p not in found]
+            if missing:
+                raise OptionError(
+                    f"publication(s) {', '.join(repr(m) for m in missing)} do not exist in "
+                    f"database {database!r}",
+                    "create them (pgcdc.replication.create_publication) or fix the "
+                    "'publications' option",
+                )
+            query = _PUBLISHED_15 if version >= 150000 else _PUBLISHED_OLD
+            for schema, name, attnames, rowfilter in conn.execute(
+                query, (list(publications),)
+            ).fetchall():
+                columns, filters = wanted.setdefault((schema, name), (set(), []))
+                if attnames is None:
+                    wanted[(schema, name)] = (None, filters)
+                elif columns is not None:
+                    columns.update(attnames)
+                filters.append(rowfilter)
+        for schema, name in tables:
+            if (schema, name) not in wanted:
+                wanted[(schema, name)] = (None, [])
+            elif publications:
+                raise OptionError(
+                    f"table {schema}.{name} is named in 'tables' and also published",
+                    "use either 'publications' or 'tables'",
+                )
+        keys = sorted(wanted)
+        rel_rows = conn.execute(_RELATIONS, ([k[0] for k in keys], [k[1] for k in keys])).fetchall()
+        relations = {(row[1], row[2]): row for row in rel_rows}
+        unknown = [f"{s}.{n}" for s, n in keys if (s, n) not in relations]
+        if unknown:
+            raise OptionError(
+                f"table(s) {', '.join(unknown)} do not exist in database {database!r}",
+                "fix the table names (schema.table, case-sensitive)",
+            )
+        for (schema, name), spec in extra.items():
+            if (schema, name) not in wanted:
+                # rowFilter.<table> option keys arrive lower-cased: match case-insensitively
+                matches = [
+                    k
+                    for k in wanted
+                    if (k[0].lower(), k[1].lower()) == (schema.lower(), name.lower())
+                ]
+                if len(matches) == 1:
+                    wanted[matches[0]][1].extend(spec)
+                    continue
+                raise OptionError(
+                    f"a row filter is given for {schema}.{name}, which is not (exactly) one of "
+                    "the tables read",
+                    "fix the table name of the rowFilter option; for names that differ only in "
+                    'case use the option rowFilters={"Schema.Table": "..."}',
+                )
+            wanted[(schema, name)][1].extend(spec)
+        relids = [int(relations[k][0]) for k in keys]
+        names_by_id = {int(row[0]): k for k, row in relations.items()}
+        by_rel: dict[int, list[CatalogColumn]] = {r: [] for r in relids}
+        for relid, attname, typid, typmod, ndims, typname, key, generated in conn.execute(
+            _COLUMNS, (relids,)
+        ).fetchall():
+            published = wanted[names_by_id[int(relid)]][0]
+            if published is not None:
+                if attname not in published:
+                    continue
+            elif generated:
+                continue  # generated columns are published only when listed (or PG 18 option)
+            by_rel[int(relid)].append(
+                CatalogColumn(
+                    str(attname), int(typid), int(typmod), str(typname), int(ndims), bool(key)
+                )
+            )
+        result: list[CatalogTable] = []
+        for table_key in keys:
+            relid, schema, name, replident, _kind, size = relations[table_key]
+            filters = wanted[table_key][1]
+            result.append(
+                CatalogTable(
+                    relid=int(relid),
+                    schema=schema,
+                    name=name,
+                    replica_identity=replident,
+                    columns=tuple(by_rel[int(relid)]),
+                    row_filter=_or_filters(filters),
+                    pages=-(-int(size or 0) // block_size),
+                    size_bytes=int(size or 0),
+                )
+            )
+        types = _user_types(conn, result)
+    except psycopg.Error as exc:
+        raise OptionError(
+            f"could not read the catalog of {conn.info.dbname!r}: {exc}",
+            "check the connection string's privileges (the role needs to read pg_catalog and "
+            "the tables)",
+        ) from None
+    finally:
+        conn.close()
+    log.info(
+        "catalog of %s: %d tables (%d columns), %d user types",
+        database,
+        len(result),
+        sum(len(t.columns) for t in result),
+        len(types),
+    )
+    return SourceCatalog(
+        tables=tuple(result),
+        types=types,
+        server_version=version,
+        publications=tuple(publications),
+        database=database,
+        block_size=block_size,
+    )
+
+
+def _user_types(
+    conn: psycopg.Connection[Any], tables: Iterable[CatalogTable]
+) -> tuple[TypeInfo, ...]:
+    """The user types (oid >= 10000) the columns use, with their element and base types."""
+    wanted = {c.type_oid for t in tables for c in t.columns if c.type_oid >= 10000}
+    if not wanted:
+        return ()
+    every = {info.oid: info for info in fetch_types(conn)}
+    keep: dict[int, TypeInfo] = {}
+    todo = list(wanted)
+    while todo:
+        oid = todo.pop()
+        info = every.get(oid)
+        if info is None or oid in keep:
+            continue
+        keep[oid] = info
+        todo.extend(o for o in (info.element_oid, info.base_oid) if o >= 10000)
+    return tuple(sorted(keep.values(), key=lambda t: t.oid))
+
+
+def current_table(
+    dsn: str, relid: int, publications: Sequence[str], *, connect_timeout: float = 10.0
+) -> CatalogTable | None:
+    """The relation's current published definition, or None if it is not published any more."""
+    conn = connect_sql(dsn, connect_timeout=connect_timeout)
+    try:
+        row = conn.execute(
+            "SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+            (relid,),
+        ).fetchone()
+    finally:
+        conn.close()
+    if row is None:
+        return None
+    catalog = load_catalog(dsn, publications=publications, connect_timeout=connect_timeout)
+    for table in catalog.tables:
+        if table.relid == relid:
+            return table
+    return None

@@ -1,0 +1,203 @@
+"""SparkSession helpers: a session whose Python workers run this interpreter, with pgcdc
+registered, and shortcuts that fill in the options a Spark session already knows.
+
+Spark starts its Python workers with ``python3`` from PATH unless told otherwise;
+``spark_session`` points every worker (driver-side planners, the streaming source's runner,
+executors) at ``sys.executable``, so they import the same pgcdc and PyArrow as the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from pgcdc.replication import ExportedSnapshot
+
+__all__ = ["read_snapshot", "read_stream", "register", "spark_session", "table_changes"]
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``pgcdc`` data source with a session (idempotent)."""
+    from pgcdc.spark.source import PgcdcDataSource
+
+    spark.dataSource.register(PgcdcDataSource)
+
+
+def spark_session(
+    master: str = "local[2]",
+    app_name: str = "pgcdc",
+    conf: Mapping[str, str] | None = None,
+) -> SparkSession:
+    """A SparkSession (created or reused) with pgcdc registered.
+
+    ``master``: ``local[N]``, ``spark://host:port`` (standalone) or ``sc://host:port`` (Spark
+    Connect; the server's own configuration decides its Python). Python workers use
+    ``sys.executable``; local sessions bind the driver to 127.0.0.1 and use few shuffle
+    partitions; the UI is off and the session time zone is UTC unless ``conf`` says otherwise.
+    """
+    from pyspark.sql import SparkSession
+
+    python = sys.executable
+    if master.startswith("sc://"):
+        builder = SparkSession.builder.remote(master).appName(app_name)
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        register(spark)
+        return spark
+    os.environ["PYSPARK_PYTHON"] = python
+    os.environ["PYSPARK_DRIVER_PYTHON"] = python
+    settings: dict[str, str] = {
+        "spark.pyspark.python": python,
+        "spark.pyspark.driver.python": python,
+        "spark.executorEnv.PYSPARK_PYTHON": python,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+    }
+    if master.startswith("local"):
+        settings["spark.driver.host"] = "127.0.0.1"
+        settings["spark.driver.bindAddress"] = "127.0.0.1"
+        settings["spark.sql.shuffle.partitions"] = "2"
+        settings["spark.default.parallelism"] = "2"
+    settings.update(conf or {})
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    register(spark)
+    return spark
+
+
+def _driver_host(spark: SparkSession) -> str | None:
+    try:
+        value = spark.conf.get("spark.driver.host", None)
+    except Exception:  # Spark Connect may not expose it
+        return None
+    return str(value) if value else None
+
+
+def read_stream(
+    spark: SparkSession,
+    dsn: str,
+    slot: str,
+    publications: Iterable[str],
+    **options: Any,
+) -> DataFrame:
+    """``spark.readStream.format("pgcdc")`` with ``driverHost`` from ``spark.driver.host``.
+
+    ``options`` are the source's options (see ``pgcdc.spark.options``), e.g.
+    ``maxChangesPerTrigger=10000``.
+    """
+    names = [publications] if isinstance(publications, str) else list(publications)
+    reader = (
+        spark.readStream.format("pgcdc")
+        .option("dsn", dsn)
+        .option("slot", slot)
+        .option("publications", _json_list(names))
+    )
+    if "driverHost" not in options:
+        host = _driver_host(spark)
+        if host:
+            reader = reader.option("driverHost", host)
+    for key, value in options.items():
+        reader = reader.option(key, _option_text(value))
+    return reader.load()
+
+
+def read_snapshot(
+    spark: SparkSession,
+    dsn: str,
+    *,
+    exported: ExportedSnapshot | None = None,
+    publications: Iterable[str] = (),
+    tables: Iterable[str | tuple[str, str]] = (),
+    row_filters: Mapping[str, str | list[str]] | None = None,
+    **options: Any,
+) -> DataFrame:
+    """``spark.read.format("pgcdc")`` over an exported snapshot.
+
+    ``exported`` (from ``pgcdc.replication.create_slot_with_snapshot``) gives the snapshot and
+    its consistent point; keep it held until the DataFrame has been written. ``row_filters``:
+    table -> SQL expression(s), OR-combined with the publications' filters.
+    """
+    import json
+
+    reader = spark.read.format("pgcdc").option("dsn", dsn)
+    pubs = [publications] if isinstance(publications, str) else list(publications)
+    if pubs:
+        reader = reader.option("publications", _json_list(pubs))
+    names = list(tables)
+    if names:
+        reader = reader.option(
+            "tables", json.dumps([list(n) if isinstance(n, tuple) else n for n in names])
+        )
+    if exported is not None:
+        reader = reader.option("snapshot", exported.snapshot_name).option(
+            "consistentPoint", str(exported.consistent_point)
+        )
+    if row_filters:
+        reader = reader.option("rowFilters", json.dumps(dict(row_filters)))
+    for key, value in options.items():
+        reader = reader.option(key, _option_text(value))
+    return reader.load()
+
+
+def _json_list(names: list[str]) -> str:
+    import json
+
+    return json.dumps(names)
+
+
+def _option_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def table_changes(df: DataFrame, table: str | tuple[str, str]) -> DataFrame:
+    """One table's rows of a pgcdc DataFrame, flat: the metadata columns, the new image's columns
+    by name, the old image's as ``_old_<name>``, ``_old_kind`` and ``_unchanged``.
+
+    ``table`` is ``"schema.table"`` (exactly as in ``_table_id``; double-quote parts that
+    contain dots) or a ``(schema, table)`` pair.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    from pgcdc.spark.options import parse_qualified_names
+    from pgcdc.spark.schema import METADATA_COLUMNS, parse_table_column
+
+    available = {
+        parsed: field
+        for field in df.schema.fields
+        if (parsed := parse_table_column(field.name)) is not None
+    }
+    if isinstance(table, tuple):
+        wanted = table
+    elif "." in table and table.split(".", 1) and tuple(table.split(".", 1)) in available:
+        wanted = tuple(table.split(".", 1))  # type: ignore[assignment]
+    else:
+        (wanted,) = parse_qualified_names("table", table)
+    field = available.get(wanted)
+    if field is None:
+        known = ", ".join(sorted(f"{s}.{t}" for s, t in available))
+        raise ValueError(f"the DataFrame has no table {wanted[0]}.{wanted[1]} (it has: {known})")
+    column = F.col(field.name)
+    struct_type = field.dataType
+    assert isinstance(struct_type, StructType)
+    image = struct_type["new"].dataType
+    assert isinstance(image, StructType)
+    names = [f.name for f in image.fields]
+    return df.where(column.isNotNull()).select(
+        *[F.col(c) for c in METADATA_COLUMNS],
+        *[column["new"][name].alias(name) for name in names],
+        *[column["old"][name].alias(f"_old_{name}") for name in names],
+        column["old_kind"].alias("_old_kind"),
+        column["unchanged"].alias("_unchanged"),
+    )

@@ -1,0 +1,223 @@
+"""The spool: every pgoutput message received, appended to local segment files.
+
+The driver-side receiver writes each message as a record (``u32`` big-endian length, then the
+bytes) at a global byte offset; records never straddle segment files (``segment_bytes`` each,
+named by their first offset). Nothing is kept in memory but a write buffer: the transaction
+index holds offsets only, and the data endpoint sends byte ranges straight from the files to
+executors (``os.sendfile``). ``release(offset)`` deletes the segments wholly below an offset
+once Spark has committed every batch that needed them. The directory is private to the process
+and removed by ``close()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["RECORD_HEADER", "Spool", "SpoolReleasedError"]
+
+log = logging.getLogger("pgcdc.spark")
+
+#: Record header: the message length.
+RECORD_HEADER = struct.Struct("!I")
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+_PREFIX = "pgcdc-spool-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep(base: Path) -> None:
+    """Delete the spools of reader processes that ended without cleaning up (Spark may end
+    them with a signal)."""
+    for path in base.glob(f"{_PREFIX}*-*"):
+        pid_text = path.name[len(_PREFIX) :].split("-", 1)[0]
+        if pid_text.isdigit() and int(pid_text) != os.getpid() and not _alive(int(pid_text)):
+            log.info("removing the spool of ended process %s: %s", pid_text, path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class SpoolReleasedError(Exception):
+    """A byte range asked for was already released (or never written)."""
+
+
+class Spool:
+    """Append-only, segment-file backed record log with global byte offsets. Thread-safe."""
+
+    def __init__(self, directory: str | None = None, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES):
+        if segment_bytes < 4096:
+            raise ValueError(f"segment_bytes must be at least 4096, not {segment_bytes}")
+        base = Path(directory) if directory else Path(tempfile.gettempdir())
+        base.mkdir(parents=True, exist_ok=True)
+        _sweep(base)
+        self.directory = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base))
+        self.segment_bytes = segment_bytes
+        self._lock = threading.Lock()
+        self._segments: list[int] = []  # first offsets of the live segments, ascending
+        self._file: BinaryIO | None = None
+        self._segment_start = 0
+        self._size = 0  # the global offset the next record gets
+        self._flushed = 0  # everything below is readable from the files
+        self._released = 0  # everything below may be gone
+        self._closed = False
+        self.written_bytes = 0
+
+    # -- writing ---------------------------------------------------------------------------
+    def _path(self, start: int) -> Path:
+        return self.directory / f"{start:020d}.seg"
+
+    def append(self, payload: bytes) -> int:
+        """Append one message; its record's global offset."""
+        length = len(payload)
+        record = RECORD_HEADER.size + length
+        with self._lock:
+            if self._closed:
+                raise ValueError("the spool is closed")
+            file = self._file
+            if file is None or (
+                self._size > self._segment_start
+                and self._size - self._segment_start + record > self.segment_bytes
+            ):
+                if file is not None:
+                    file.close()
+                self._segment_start = self._size
+                file = self._file = open(self._path(self._size), "wb", buffering=1 << 20)  # noqa: SIM115
+                self._segments.append(self._size)
+            offset = self._size
+            file.write(RECORD_HEADER.pack(length))
+            file.write(payload)
+            self._size += record
+            self.written_bytes += record
+            return offset
+
+    def flush(self) -> None:
+        """Make everything appended so far readable by ``read_range``/``send_range``."""
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+            self._flushed = self._size
+
+    @property
+    def size(self) -> int:
+        """The offset the next record gets."""
+        return self._size
+
+    @property
+    def released(self) -> int:
+        return self._released
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes held in segment files."""
+        with self._lock:
+            return self._size - (self._segments[0] if self._segments else self._size)
+
+    # -- reading ---------------------------------------------------------------------------
+    def _pieces(self, start: int, end: int) -> list[tuple[Path, int, int]]:
+        """(file, offset in file, length) pieces of the range; lock held."""
+        if start < self._released or end > self._flushed or start > end:
+            raise SpoolReleasedError(
+                f"spool range {start}-{end} is not available (released below {self._released}, "
+                f"written up to {self._flushed})"
+            )
+        pieces = []
+        index = 0
+        segments = self._segments
+        while index + 1 < len(segments) and segments[index + 1] <= start:
+            index += 1
+        position = start
+        while position < end:
+            seg_start = segments[index]
+            seg_end = segments[index + 1] if index + 1 < len(segments) else self._size
+            stop = min(end, seg_end)
+            pieces.append((self._path(seg_start), position - seg_start, stop - position))
+            position = stop
+            index += 1
+        return pieces
+
+    def read_range(self, start: int, end: int) -> bytes:
+        """The bytes of ``[start, end)`` (whole records)."""
+        with self._lock:
+            pieces = self._pieces(start, end)
+        out = bytearray()
+        for path, offset, length in pieces:
+            with open(path, "rb") as file:
+                file.seek(offset)
+                out += file.read(length)
+        return bytes(out)
+
+    def iter_records(self, start: int, end: int) -> Iterator[bytes]:
+        """The messages of the records in ``[start, end)``."""
+        data = self.read_range(start, end)
+        position = 0
+        unpack = RECORD_HEADER.unpack_from
+        while position < len(data):
+            (length,) = unpack(data, position)
+            position += RECORD_HEADER.size
+            yield data[position : position + length]
+            position += length
+
+    def send_range(self, sock: socket.socket, start: int, end: int) -> int:
+        """Send ``[start, end)`` to a socket (``socket.sendfile``: zero-copy where the OS can,
+        and it honours the socket's timeout); the bytes sent."""
+        with self._lock:
+            pieces = self._pieces(start, end)
+            # open while holding the lock so release() cannot delete a file in between
+            files = [(open(path, "rb"), offset, length) for path, offset, length in pieces]  # noqa: SIM115
+        sent = 0
+        try:
+            for file, offset, length in files:
+                count = sock.sendfile(file, offset, length)
+                if count != length:
+                    raise ConnectionError("the peer closed the connection")
+                sent += count
+        finally:
+            for file, _, _ in files:
+                file.close()
+        return sent
+
+    # -- releasing -------------------------------------------------------------------------
+    def release(self, offset: int) -> int:
+        """Delete the segments that lie wholly below ``offset``; how many were deleted."""
+        removed = 0
+        with self._lock:
+            offset = min(offset, self._size)
+            if offset <= self._released:
+                return 0
+            self._released = offset
+            while len(self._segments) > 1 and self._segments[1] <= offset:
+                start = self._segments.pop(0)
+                self._path(start).unlink(missing_ok=True)
+                removed += 1
+        if removed:
+            log.debug("spool: released %d segment(s) below offset %d", removed, offset)
+        return removed
+
+    def close(self) -> None:
+        """Delete every file. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+            self._segments.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)

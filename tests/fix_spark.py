@@ -1,0 +1,60 @@
+"""Fixtures: one real local SparkSession (``local[2]``) for the whole test session.
+
+Spark takes 10-20 s to start on a small machine, so every test shares ``spark``; tests must not
+stop it or change session-wide settings they do not restore. Python workers run this
+interpreter (``pgcdc.spark.spark_session`` sets PYSPARK_PYTHON and spark.pyspark.python), and
+the ``pgcdc`` data source is registered.
+
+``checkpoint_dir`` gives a fresh directory for a streaming query's checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    from pgcdc.spark import spark_session
+
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    session = spark_session(
+        "local[2]",
+        "pgcdc-tests",
+        conf={
+            "spark.sql.streaming.stopTimeout": "30s",
+            "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+            "spark.python.worker.reuse": "true",
+        },
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture
+def checkpoint_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="pgcdc-ckpt-") as path:
+        yield Path(path)
+
+
+@pytest.fixture(scope="session")
+def spark_home() -> Path:
+    """pyspark's own Spark distribution (bin/spark-class, jars)."""
+    import pyspark
+
+    home = Path(os.path.dirname(pyspark.__file__))
+    assert (home / "bin" / "spark-class").exists(), home
+    return home

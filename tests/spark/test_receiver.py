@@ -1,0 +1,253 @@
+"""The driver-side machinery without Spark: receiver, spool, index, data endpoint, decoding of a
+partition, against real PostgreSQL 15 and 18 (the stream reader's methods are called the way
+Spark's streaming runner and executors call them, in this process)."""
+
+from __future__ import annotations
+
+import pickle
+import time
+import tracemalloc
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+)
+
+from pgcdc.lsn import Lsn
+from pgcdc.replication import create_publication, create_slot_with_snapshot, slot_info
+from pgcdc.spark.catalog import load_catalog
+from pgcdc.spark.endpoint import fetch_messages
+from pgcdc.spark.errors import EndpointError
+from pgcdc.spark.options import stream_settings
+from pgcdc.spark.receiver import Receiver, ReceiverSettings
+from pgcdc.spark.schema import source_schema, table_column
+from pgcdc.spark.stream import PgcdcStreamReader, StreamPartition
+from tests.fix_pg import PgDatabase
+
+
+def _reader(pg: PgDatabase, **options: str) -> PgcdcStreamReader:
+    settings = stream_settings(
+        {
+            "dsn": pg.dsn(),
+            "slot": "s",
+            "publications": "pub",
+            **{k.lower(): v for k, v in options.items()},
+        }
+    )
+    catalog = load_catalog(pg.dsn(), publications=("pub",))
+    return PgcdcStreamReader(settings, catalog, source_schema(catalog))
+
+
+def _read_all(reader: PgcdcStreamReader, partitions: Any) -> list[pa.RecordBatch]:
+    """What executors do: a fresh, unpickled reader reads each pickled partition."""
+    remote = pickle.loads(pickle.dumps(reader))
+    return [b for p in partitions for b in remote.read(pickle.loads(pickle.dumps(p)))]
+
+
+def test_large_transaction_memory_stays_bounded(pg: PgDatabase, tmp_path):
+    """~25 MB of pgoutput in one streamed transaction (with rolled-back subtransactions): the
+    receiver keeps offsets only, and a partition decodes chunk by chunk."""
+    pg.execute("CREATE TABLE big (id int PRIMARY KEY, pad text)")
+    create_publication(pg.dsn(), "pub", tables=["big"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    reader = _reader(pg, spoolDir=str(tmp_path), decodeChunkBytes="1m", spoolSegmentBytes="4m")
+    start = reader.initialOffset()
+    receiver = reader._rt().receiver
+    tracemalloc.start()
+    try:
+        with pg.connect() as conn, conn.transaction():
+            for k in range(10):
+                conn.execute(
+                    "INSERT INTO big SELECT g, repeat('x', 120) "
+                    "FROM generate_series(%s::int, %s::int) g",
+                    (k * 20000 + 1, (k + 1) * 20000),
+                )
+                if k % 3 == 0:
+                    conn.execute("SAVEPOINT s")
+                    conn.execute(
+                        "INSERT INTO big SELECT g, 'gone' FROM generate_series(-5000, -1) g"
+                    )
+                    conn.execute("ROLLBACK TO SAVEPOINT s")
+        deadline = time.monotonic() + 120
+        while not len(receiver.index) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _, receiving_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(receiver.index) == 1
+    entry = receiver.index.entry(0)
+    assert entry.streamed and entry.rows == 200000
+    assert entry.spool_bytes > 25_000_000
+    assert receiver.spool.disk_bytes >= entry.spool_bytes
+    assert receiving_peak < 4_000_000  # Python memory while ~30 MB went by, most of it to disk
+
+    end = reader.latestOffset(start, ReadMaxRows(10))  # one whole transaction, whatever the limit
+    partitions = reader.partitions(start, end)
+    assert len(partitions) == 1
+    remote = pickle.loads(pickle.dumps(reader))
+    pool = pa.default_memory_pool()
+    peaks = []
+    ids = []
+    column = table_column("public", "big")
+    for batch in remote.read(partitions[0]):
+        peaks.append(pool.bytes_allocated())
+        ids.extend(batch.column(column).field("new").field("id").to_pylist())
+        assert batch.column("_position").to_pylist() == list(
+            range(len(ids) - batch.num_rows, len(ids))
+        )
+    assert len(peaks) > 10  # decoded a chunk at a time
+    assert max(peaks) < 12_000_000  # Arrow memory held while a 1 MB chunk is out
+    assert ids == list(range(1, 200001))
+    reader.commit(end)
+    reader.stop()
+
+
+def test_reconnect_and_restart_keep_each_transaction_once(pg: PgDatabase):
+    """The replication connection drops mid-stream (the session reconnects and the server sends
+    the unconfirmed transactions again); then the reader process itself restarts: every
+    transaction is indexed once, batches are the same, and the slot moves only on commit."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    reader = _reader(pg)
+    start = reader.initialOffset()
+    for i in range(3):
+        pg.execute("INSERT INTO t VALUES (%s)", (i,))
+    receiver = reader._rt().receiver
+    _wait_rows(receiver, 3)
+    pg.execute(
+        "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 's'"
+    )
+    for i in range(3, 6):
+        pg.execute("INSERT INTO t VALUES (%s)", (i,))
+    _wait_rows(receiver, 6)
+    assert receiver.framer is not None and receiver.framer.stats.skipped == 3
+    first = reader.latestOffset(start, ReadMaxRows(4))
+    batch = reader.partitions(start, first)
+    rows = _read_all(reader, batch)
+    assert sum(b.num_rows for b in rows) == 4
+    reader.stop()  # the reader process ends before Spark committed the batch
+    info = slot_info(pg.dsn(), "s")
+    assert info is not None and info.confirmed_flush_lsn == Lsn.parse(start["end_lsn"])
+
+    again = _reader(pg)
+    replay = again.partitions(start, first)  # waits for the new receiver to get there
+    assert _labels(replay) == _labels(batch)
+    assert _table(_read_all(again, replay)) == _table(rows)
+    again.commit(first)
+    rest = again.latestOffset(first, ReadAllAvailable())
+    assert rest["lsn"] != first["lsn"]
+    tail = _table(_read_all(again, again.partitions(first, rest)))
+    assert tail.column("_table").to_pylist() == ["t", "t"]
+    again.commit(rest)
+    info = slot_info(pg.dsn(), "s")
+    assert info is not None and str(info.confirmed_flush_lsn) == rest["end_lsn"]
+    again.stop()
+
+
+def _labels(partitions: Any) -> list[tuple[int, ...]]:
+    return [
+        (t.commit_lsn, t.end_lsn, t.commit_time, t.xid, t.rows, t.nbytes)
+        for p in partitions
+        for t in p.transactions
+    ]
+
+
+def _table(batches: list[pa.RecordBatch]) -> pa.Table:
+    return pa.Table.from_batches(batches)
+
+
+def _wait_rows(receiver: Receiver, rows: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while receiver.index.total_rows < rows:
+        receiver.raise_if_failed()
+        assert time.monotonic() < deadline, f"only {receiver.index.total_rows} rows indexed"
+        time.sleep(0.05)
+
+
+def test_read_limits_and_endpoint_refusals(pg: PgDatabase):
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    reader = _reader(pg, maxChangesPerTrigger="5", maxBytesPerTrigger="100k")
+    assert reader.getDefaultReadLimit() == ReadMaxRows(5)
+    start = reader.initialOffset()
+    sizes = [3, 4, 1, 9, 2]
+    first = 0
+    for n in sizes:
+        pg.execute(
+            "INSERT INTO t SELECT g, repeat('z', 1000) FROM generate_series(%s::int, %s::int) g",
+            (first, first + n - 1),
+        )
+        first += n
+    receiver = reader._rt().receiver
+    _wait_rows(receiver, sum(sizes))
+    # bytes: 3 rows of ~1 kB each fit under 4.5 kB, whole transactions again
+    end = reader.latestOffset(start, ReadMaxBytes(4500))
+    assert sum(b.num_rows for b in _read_all(reader, reader.partitions(start, end))) == 3
+    # nothing limits ReadAllAvailable (Trigger.Once)
+    everything = reader.latestOffset(start, ReadAllAvailable())
+    assert sum(b.num_rows for b in _read_all(reader, reader.partitions(start, everything))) == 19
+    partition = reader.partitions(start, end)[0]
+    # rows: whole transactions, at least one, at most 5 rows unless one transaction is bigger;
+    # in Spark's order: latestOffset(start) (start's batch is committed), then partitions
+    offsets = [start]
+    counts = []
+    while True:
+        end = reader.latestOffset(offsets[-1], reader.getDefaultReadLimit())
+        if end == offsets[-1]:
+            break
+        counts.append(
+            sum(b.num_rows for b in _read_all(reader, reader.partitions(offsets[-1], end)))
+        )
+        offsets.append(end)
+    assert counts == [3, 5, 9, 2]  # 3+4 > 5; 4+1 = 5; 9 alone; 2
+    assert offsets[-1] == everything
+
+    assert isinstance(partition, StreamPartition)
+    wrong = StreamPartition(**{**_fields(partition), "token": b"x" * 32})
+    with pytest.raises(EndpointError, match="wrong token"):
+        list(pickle.loads(pickle.dumps(reader)).read(wrong))
+    # Spark committed everything: the data is released
+    with pytest.raises(EndpointError, match="not available any more"):
+        list(fetch_messages(partition.host, partition.port, partition.token, [(0, 10)]))
+
+    # ReadMinRows waits for enough rows, at most maxTriggerDelay
+    last = offsets[-1]
+    pg.execute("INSERT INTO t VALUES (100, 'm')")
+    _wait_rows(receiver, 1)
+    assert reader.latestOffset(last, ReadMinRows(2)) == last
+    # Trigger.AvailableNow: nothing committed after the trigger started
+    reader.prepareForTriggerAvailableNow()
+    pg.execute("INSERT INTO t VALUES (101, 'late')")
+    _wait_rows(receiver, 2)
+    target = reader.latestOffset(last, ReadAllAvailable())
+    batch = _table(_read_all(reader, reader.partitions(last, target)))
+    column = batch.column(table_column("public", "t")).combine_chunks()
+    assert column.field("new").field("id").to_pylist() == [100]
+    reader.stop()
+
+
+def _fields(partition: StreamPartition) -> dict[str, Any]:
+    return {name: getattr(partition, name) for name in partition.__dataclass_fields__}
+
+
+def test_receiver_refuses_a_busy_slot_after_waiting(pg: PgDatabase):
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    settings = ReceiverSettings(pg.dsn(), "s", ("pub",), slot_wait=0.5)
+    one = Receiver(settings)
+    one.start()
+    one.wait_connected(30)
+    two = Receiver(settings)
+    two.start()
+    with pytest.raises(Exception, match="in use"):
+        two.wait_connected(30)
+    two.stop()
+    one.stop()

@@ -1,0 +1,136 @@
+"""The source on a real Spark standalone cluster: a master and a worker JVM started from pyspark's
+own launcher (bin/spark-class), executors in their own JVMs with their own Python workers, that
+reach the driver's data only over the network."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pgcdc.replication import create_publication, create_slot_with_snapshot
+from tests.fix_pg import PgDatabase
+from tests.spark.streams import wait_slot_released
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and text in log.read_text(errors="replace"):
+            return
+        if process.poll() is not None:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not in {log} after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def standalone(spark_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``spark://127.0.0.1:<port>``: a master and one worker (2 cores) on loopback."""
+    work = tmp_path_factory.mktemp("standalone")
+    env = dict(os.environ)
+    env.update(
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYSPARK_PYTHON=sys.executable,
+        SPARK_HOME=str(spark_home),
+        SPARK_WORKER_DIR=str(work / "worker"),
+    )
+    port = _free_port()
+    url = f"spark://127.0.0.1:{port}"
+    spark_class = str(spark_home / "bin" / "spark-class")
+    master_cmd = [
+        spark_class, "org.apache.spark.deploy.master.Master",
+        "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port()),
+    ]  # fmt: skip
+    worker_cmd = [
+        spark_class, "org.apache.spark.deploy.worker.Worker", url,
+        "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
+        "--webui-port", str(_free_port()), "--work-dir", str(work / "worker"),
+    ]  # fmt: skip
+    master_log = work / "master.log"
+    worker_log = work / "worker.log"
+    processes: list[subprocess.Popen[bytes]] = []
+    with master_log.open("wb") as master_out, worker_log.open("wb") as worker_out:
+        try:
+            master = subprocess.Popen(
+                master_cmd, stdout=master_out, stderr=subprocess.STDOUT, env=env
+            )
+            processes.append(master)
+            _wait_for(master_log, "I have been elected leader", master, 90)
+            worker = subprocess.Popen(
+                worker_cmd, stdout=worker_out, stderr=subprocess.STDOUT, env=env
+            )
+            processes.append(worker)
+            _wait_for(worker_log, "Successfully registered with master", worker, 90)
+            yield url
+        finally:
+            for process in reversed(processes):
+                process.terminate()
+            for process in processes:
+                try:
+                    process.wait(20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
+
+def test_stream_and_snapshot_on_a_standalone_cluster(
+    pg: PgDatabase, standalone: str, tmp_path: Path
+):
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    pg.execute("INSERT INTO t SELECT g, repeat('s', 200) FROM generate_series(1, 3000) g")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    with create_slot_with_snapshot(pg.dsn(), "cluster_slot") as exported:
+        # changes after the consistent point: the stream's part
+        pg.execute("INSERT INTO t SELECT g, 'new' FROM generate_series(3001, 3200) g")
+        pg.execute("UPDATE t SET pad = 'upd' WHERE id <= 10")
+        pg.execute("DELETE FROM t WHERE id BETWEEN 11 AND 20")
+        out = tmp_path / "out.json"
+        driver = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tests.spark.standalone_driver",
+                standalone,
+                pg.dsn(),
+                "cluster_slot",
+                "pub",
+                exported.snapshot_name,
+                str(exported.consistent_point),
+                str(tmp_path / "checkpoint"),
+                str(out),
+            ],
+            cwd=ROOT,
+            check=False,
+            capture_output=True,
+            timeout=420,
+        )
+    assert driver.returncode == 0, driver.stderr.decode(errors="replace")[-5000:]
+    result = json.loads(out.read_text())
+    wait_slot_released(pg.dsn(), "cluster_slot")
+    assert result["error"] is None
+    assert result["master"] == standalone
+    assert result["block_managers"] >= 2  # the driver and at least one executor
+    assert result["executor_pids"] and result["driver_pid"] not in result["executor_pids"]
+    assert sorted(result["copied"]) == list(range(1, 3001))
+    rows = result["rows"]
+    assert [r["id"] for r in rows if r["op"] == "I"] == list(range(3001, 3201))
+    assert sorted(r["id"] for r in rows if r["op"] == "U") == list(range(1, 11))
+    assert sorted(r["id"] for r in rows if r["op"] == "D") == list(range(11, 21))
+    assert len({r["batch"] for r in rows}) >= 2  # maxChangesPerTrigger, whole transactions

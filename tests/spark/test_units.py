@@ -1,0 +1,166 @@
+"""Pure pieces of pgcdc.spark: column naming, options, the batch selection of the index, Arrow
+conformance, COPY-to-pgoutput framing. No server, no Spark."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pgcdc.protocol.decoder import Decoder
+from pgcdc.protocol.messages import Insert
+from pgcdc.spark import OptionError, SchemaChanged, is_schema_changed
+from pgcdc.spark.conform import conform
+from pgcdc.spark.index import TransactionIndex, TxnEntry
+from pgcdc.spark.options import (
+    parse_qualified_names,
+    parse_size,
+    snapshot_settings,
+    stream_settings,
+)
+from pgcdc.spark.schema import parse_table_column, table_column
+from pgcdc.spark.snapshot import copy_messages
+
+names = st.text(min_size=1, max_size=12).filter(lambda s: "\x00" not in s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(names, names, names, names)
+def test_table_columns_are_legal_unique_and_reversible(s1: str, t1: str, s2: str, t2: str):
+    a, b = table_column(s1, t1), table_column(s2, t2)
+    assert re.fullmatch(r"t__[a-z0-9_]+", a)
+    assert parse_table_column(a) == (s1, t1)
+    if (s1, t1) != (s2, t2):
+        assert a.lower() != b.lower()  # unique even for Spark's case-insensitive resolution
+
+
+def test_table_column_examples():
+    assert table_column("public", "order_items") == "t__public__order_items"
+    assert table_column("public", "Orders") == "t__public___4f7264657273"
+    assert table_column("a__b", "c") != table_column("a", "b__c")
+    assert parse_table_column("_table_id") is None
+    assert parse_table_column("t__x") is None
+
+
+def test_options_are_checked_with_the_fix():
+    with pytest.raises(OptionError, match=r"needs the option 'slot'.*Fix: \.option\(\"slot\""):
+        stream_settings({"dsn": "dbname=x", "publications": "p"})
+    with pytest.raises(OptionError, match="maxChangesPerTrigger='-3' is not a positive integer"):
+        stream_settings(
+            {"dsn": "d", "slot": "s", "publications": "p", "maxchangespertrigger": "-3"}
+        )
+    with pytest.raises(OptionError, match="minChangesPerTrigger is larger"):
+        stream_settings(
+            {
+                "dsn": "d",
+                "slot": "s",
+                "publications": "p",
+                "minchangespertrigger": "10",
+                "maxchangespertrigger": "5",
+            }
+        )
+    settings = stream_settings(
+        {"dsn": "d", "slot": "s", "publications": '["a", "b,c"]', "maxbytespertrigger": "2m"}
+    )
+    assert settings.publications == ("a", "b,c") and settings.max_bytes == 2 << 20
+    assert parse_size("x", "64k") == 65536
+    with pytest.raises(OptionError, match="not a size"):
+        parse_size("partitionBytes", "lots")
+    assert parse_qualified_names("tables", 'public.a, "Odd.Schema"."T,1", b') == (
+        ("public", "a"),
+        ("Odd.Schema", "T,1"),
+        ("public", "b"),
+    )
+    with pytest.raises(OptionError, match="needs the LSN it was exported at"):
+        snapshot_settings({"dsn": "d", "tables": "t", "snapshot": "00000003-0000000A-1"})
+    snap = snapshot_settings(
+        {
+            "dsn": "d",
+            "tables": "t",
+            "rowfilter.public.t": "a > 1",
+            "rowFilters": '{"public.u": ["b", "c"]}',
+        }
+    )
+    assert snap.row_filters == {("public", "t"): ["a > 1"], ("public", "u"): ["b", "c"]}
+
+
+def _entry(commit: int, rows: int, nbytes: int) -> TxnEntry:
+    return TxnEntry(
+        commit, commit + 8, 0, commit, False, ((commit * 10, commit * 10 + 5),), rows, nbytes
+    )
+
+
+def test_index_batches_whole_transactions_within_limits():
+    index = TransactionIndex()
+    for commit, rows in ((100, 3), (200, 4), (300, 1), (400, 9), (500, 2)):
+        index.append(_entry(commit, rows, rows * 100))
+    assert index.select(99, max_rows=5)[:3] == (0, 1, 3)
+    assert index.select(100, max_rows=5)[:3] == (1, 3, 5)
+    assert index.select(300, max_rows=5)[:3] == (3, 4, 9)  # one transaction, over the limit
+    assert index.select(99, max_bytes=750)[:2] == (0, 2)
+    assert index.select(99, end_lsn_limit=300)[:2] == (0, 2)  # 300 ends at 308
+    assert index.select(500)[:2] == (5, 5)
+    assert index.available(150) == (16, 4)
+    index.note_definitions({("R", 1): b"R1"})
+    index.append(_entry(600, 1, 10))
+    assert index.definitions_before(5) == {("R", 1): b"R1"}
+    assert index.definitions_before(4) == {}
+    assert index.drop_through(450) == 4
+    assert index.lowest_offset() == 5000
+    assert index.definitions_before(1) == {("R", 1): b"R1"}
+    with pytest.raises(ValueError, match="not after"):
+        index.append(_entry(600, 1, 1))
+
+
+def test_conform_fits_spark_arrow_types():
+    month_day_nano = pa.array([pa.MonthDayNano([14, 3, 7_000_000_000]), None])
+    target = pa.struct([("months", pa.int32()), ("days", pa.int32()), ("microseconds", pa.int64())])
+    assert conform(month_day_nano, target).to_pylist() == [
+        {"months": 14, "days": 3, "microseconds": 7_000_000},
+        None,
+    ]
+    lists = pa.array([[1, None], None, []], pa.list_(pa.uint32()))
+    out = conform(lists, pa.list_(pa.field("element", pa.int64())))
+    assert out.type.value_field.name == "element" and out.to_pylist() == [[1, None], None, []]
+    wide = pa.array([None], pa.decimal256(40, 2))
+    assert conform(wide, pa.string()).type == pa.string()
+    big = pa.array([np.iinfo(np.int64).max], pa.int64()).view(pa.timestamp("us", tz="UTC"))
+    assert conform(big, pa.timestamp("us", tz="UTC")).to_pylist()[0].year == 9999
+
+
+def test_copy_binary_rows_become_pgoutput_inserts():
+    header = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)
+    row1 = struct.pack("!h", 2) + struct.pack("!i", 4) + b"\x00\x00\x00\x07" + struct.pack("!i", -1)
+    row2 = (
+        struct.pack("!h", 2)
+        + struct.pack("!i", 4)
+        + b"\x00\x00\x00\x08"
+        + struct.pack("!i", 2)
+        + b"hi"
+    )
+    data = header + row1 + row2 + struct.pack("!h", -1)
+    # split anywhere: rows are reassembled across blocks
+    for cut in range(1, len(data)):
+        messages = list(copy_messages([data[:cut], data[cut:]], 16384, 2))
+        decoded = [Decoder(1).decode(m) for m in messages]
+        assert decoded == [
+            Insert(None, 16384, (b"\x00\x00\x00\x07", None)),
+            Insert(None, 16384, (b"\x00\x00\x00\x08", b"hi")),
+        ]
+
+
+def test_schema_changed_is_recognised_through_wrapping():
+    error = SchemaChanged("public.t", "column 'w' added (integer)")
+    assert is_schema_changed(error)
+    wrapped = RuntimeError(f"Py4J ... pyspark.errors... {error} ...")
+    assert is_schema_changed(wrapped)
+    assert not is_schema_changed(RuntimeError("other"))
+    import pickle
+
+    again = pickle.loads(pickle.dumps(error))
+    assert str(again) == str(error) and again.table == "public.t"
