@@ -20,7 +20,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 #: Subcommand modules, in the order `pgcdc --help` lists them; each has ``register(sub)``.
-COMMANDS = ("tail", "demo")
+COMMANDS = ("tail", "run", "demo")
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:

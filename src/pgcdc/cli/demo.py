@@ -1,37 +1,42 @@
-"""``pgcdc demo``: pgcdc on an embedded default, with nothing to configure.
+"""``pgcdc demo``: the whole pipeline on an embedded default, with nothing to configure.
 
-Starts a throwaway local PostgreSQL, creates a small shop schema, runs a steady mixed workload
-(orders placed, paid, shipped, cancelled; customers and stock updated), and streams the changes
-with pgcdc while it runs, printing them as ``pgcdc tail`` would; at the end it checks that every
-committed change was received. The server and its data are removed afterwards.
+Starts a throwaway local PostgreSQL, creates a small shop schema with some data, and runs
+``pgcdc run``'s pipeline on a local Spark into a local lake folder while a steady mixed workload
+runs (orders placed, paid, shipped, cancelled; customers and stock updated), with live progress.
+When the workload ends, the pipeline catches up and the demo shows that every mirror equals its
+source table (row counts and a checksum per table). ``shop.orders`` also gets a history (SCD
+type 2) table and ``shop.order_items`` a changelog, to look at afterwards with Spark, DuckDB,
+Polars or ``deltalake``. The server is removed at the end; the lake folder stays.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
-import sys
+import shutil
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
 
 from pgcdc.cluster import Cluster, available_versions
-from pgcdc.decoding import run as run_plugin
-from pgcdc.decoding.plugin import DecodingContext, OutputPlugin
-from pgcdc.decoding.printers import JsonPrinter, TestDecodingPrinter
-from pgcdc.decoding.relations import RelationInfo
-from pgcdc.decoding.transaction import Change, LogicalMessage, Transaction, TruncateChange
 from pgcdc.lsn import Lsn
-from pgcdc.protocol.values.registry import TypeRegistry
-from pgcdc.replication import ReplicationSession, StreamOptions, create_slot
+
+if TYPE_CHECKING:  # the lake (Spark, delta-rs, pyarrow) is imported when the demo runs
+    from pgcdc.lake.config import PipelineConfig
+    from pgcdc.lake.pipeline import Pipeline
+    from pgcdc.lake.verify import TableCheck
 
 NAME = "demo"
-END_PREFIX = "pgcdc-demo-end"
 
 SCHEMA = """
 CREATE SCHEMA shop;
@@ -49,19 +54,30 @@ CREATE TABLE shop.order_items (
     order_id bigint REFERENCES shop.orders ON DELETE CASCADE, line int,
     product_id int REFERENCES shop.products, qty int NOT NULL, price numeric(10,2) NOT NULL,
     PRIMARY KEY (order_id, line));
-CREATE PUBLICATION shop_pub FOR TABLES IN SCHEMA shop;
 """
 
 CITIES = ["Lisbon", "Osaka", "Lagos", "Lima", "Oslo", "Perth", "Quito", "Turin"]
 
 
 def register(sub: Any) -> tuple[str, Callable[[argparse.Namespace], int]]:
-    p = sub.add_parser(NAME, help="run pgcdc on a throwaway PostgreSQL with a demo workload")
-    p.add_argument("--seconds", type=float, default=8.0, help="how long the workload runs")
+    p = sub.add_parser(
+        NAME,
+        help="run the pipeline on a throwaway PostgreSQL with a demo workload",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--seconds", type=float, default=20.0, help="how long the workload runs")
     p.add_argument("--rate", type=float, default=20.0, help="transactions per second")
-    p.add_argument("--format", choices=["test_decoding", "json"], default="test_decoding")
     p.add_argument("--seed", type=int, default=42, help="random seed of the workload")
     p.add_argument("--pg", type=int, default=None, help="PostgreSQL major version (15 or 18)")
+    p.add_argument(
+        "--lake",
+        type=Path,
+        default=Path("pgcdc-demo-lake"),
+        help="lake folder (default ./pgcdc-demo-lake; a previous demo lake there is replaced)",
+    )
+    p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between micro-batches")
     return NAME, run
 
 
@@ -87,7 +103,17 @@ def _seed_data(conn: psycopg.Connection[Any], rng: random.Random) -> None:
             )
 
 
-def _workload(dsn: str, seconds: float, rate: float, seed: int) -> None:
+@dataclass
+class _Counts:
+    transactions: int = 0
+    placed: int = 0
+    advanced: int = 0
+    cancelled: int = 0
+    moved: int = 0
+
+
+def _workload(dsn: str, seconds: float, rate: float, seed: int, counts: _Counts) -> None:
+    """Orders placed (with items, stock), paid/shipped, cancelled; customers moving."""
     rng = random.Random(seed)
     deadline = time.monotonic() + seconds
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -116,111 +142,180 @@ def _workload(dsn: str, seconds: float, rate: float, seed: int) -> None:
                         " FROM shop.order_items WHERE order_id = %s) WHERE id = %s",
                         (order_id, order_id),
                     )
+                    counts.placed += 1
                 elif kind < 0.8:
                     conn.execute(
                         "UPDATE shop.orders SET status = CASE status WHEN 'placed' THEN 'paid'"
                         " WHEN 'paid' THEN 'shipped' ELSE status END"
                         " WHERE id = (SELECT id FROM shop.orders ORDER BY random() LIMIT 1)"
                     )
+                    counts.advanced += 1
                 elif kind < 0.9:
                     conn.execute(
                         "DELETE FROM shop.orders WHERE id = (SELECT id FROM shop.orders"
                         " WHERE status = 'placed' ORDER BY random() LIMIT 1)"
                     )
+                    counts.cancelled += 1
                 else:
                     conn.execute(
                         "UPDATE shop.customers SET city = %s WHERE id = %s",
                         (rng.choice(CITIES), rng.randint(1, 20)),
                     )
+                    counts.moved += 1
+            counts.transactions += 1
             time.sleep(1.0 / rate)
-        # the end marker: a transactional logical message in its own transaction
-        with conn.transaction():
-            conn.execute("SELECT pg_logical_emit_message(true, %s, 'done')", (END_PREFIX,))
 
 
-class _Counting(OutputPlugin):
-    """Forwards to a printer, counts, and stops at the workload's end marker."""
+def _config(dsn: str, lake: Path, master: str, interval: float) -> PipelineConfig:
+    from pgcdc.lake.config import parse_config
 
-    def __init__(self, inner: OutputPlugin) -> None:
-        self.inner = inner
-        self.transactions = 0
-        self.changes = 0
-        self.last_commit = Lsn(0)
+    return parse_config(
+        {
+            "source": {"dsn": dsn, "slot": "pgcdc_demo", "publication": "pgcdc_demo"},
+            "lake": {"path": str(lake)},
+            "spark": {
+                "master": master,
+                "app_name": "pgcdc-demo",
+                "conf": {"spark.log.level": "ERROR"},
+            },
+            "stream": {"trigger_interval": interval},
+            "tables": [
+                {"name": "shop.*"},
+                {"name": "shop.orders", "history": True},
+                {"name": "shop.order_items", "changelog": True},
+            ],
+        }
+    )
 
-    def begin(self, ctx: DecodingContext, txn: Transaction) -> None:
-        self.inner.begin(ctx, txn)
 
-    def change(
-        self, ctx: DecodingContext, txn: Transaction, relation: RelationInfo, change: Change
-    ) -> None:
-        self.changes += 1
-        self.inner.change(ctx, txn, relation, change)
+def _prepare_lake(lake: Path) -> Path:
+    from pgcdc.lake.tables import LakeLayout
 
-    def truncate(
-        self,
-        ctx: DecodingContext,
-        txn: Transaction,
-        relations: tuple[RelationInfo, ...],
-        change: TruncateChange,
-    ) -> None:
-        self.inner.truncate(ctx, txn, relations, change)
+    lake = lake.resolve()
+    if lake.exists():
+        if not (LakeLayout(lake).state_file.exists() or not any(lake.iterdir())):
+            raise SystemExit(
+                f"{lake} exists and is not a pgcdc demo lake: choose another --lake folder"
+            )
+        shutil.rmtree(lake)
+    return lake
 
-    def message(
-        self, ctx: DecodingContext, txn: Transaction | None, message: LogicalMessage
-    ) -> None:
-        if message.prefix == END_PREFIX:
-            ctx.request_stop()
-        else:
-            self.inner.message(ctx, txn, message)
 
-    def commit(self, ctx: DecodingContext, txn: Transaction, commit_lsn: Lsn) -> None:
-        self.transactions += 1
-        self.last_commit = commit_lsn
-        self.inner.commit(ctx, txn, commit_lsn)
+def _status(pipeline: Pipeline, counts: _Counts, started: float, phase: str) -> Table:
+    table = Table(title=f"pgcdc demo: {phase}", title_justify="left", expand=False)
+    table.add_column("source workload")
+    table.add_column("lake", justify="right")
+    progress = pipeline.progress
+    last = progress.last if progress else None
+    lsn = "-" if last is None or last.max_lsn is None else str(Lsn(last.max_lsn))
+    table.add_row(
+        f"{counts.transactions} transactions: {counts.placed} orders placed, "
+        f"{counts.advanced} advanced, {counts.cancelled} cancelled, {counts.moved} moves",
+        f"{progress.batches if progress else 0} batches, "
+        f"{progress.changes if progress else 0} changes, at {lsn}",
+    )
+    if progress is not None:
+        for name, n in sorted(progress.per_table.items()):
+            table.add_row(f"  {name}", f"{n} changes")
+    table.caption = f"{time.monotonic() - started:.0f} s"
+    return table
+
+
+def _results(checks: list[TableCheck]) -> Table:
+    table = Table(title="mirror = source?", title_justify="left")
+    for name in ("table", "source rows", "lake rows", "source checksum", "lake checksum", ""):
+        table.add_column(name, justify="right" if "rows" in name else "left")
+    for c in checks:
+        table.add_row(
+            c.table_id,
+            str(c.source_rows),
+            str(c.lake_rows),
+            c.source_checksum[:12],
+            c.lake_checksum[:12],
+            "[green]equal[/green]" if c.equal else "[red]DIFFERENT[/red]",
+        )
+    return table
 
 
 def run(args: argparse.Namespace) -> int:
+    from pgcdc.lake.pipeline import Pipeline
+    from pgcdc.lake.tables import IS_CURRENT
+    from pgcdc.lake.verify import compare_tables
+    from pgcdc.lake.writer import DeltaTarget
+
     console = Console(stderr=True)
     versions = available_versions()
     if not versions:
         console.print("[red]no PostgreSQL server binaries found: run `make setup`[/red]")
         return 1
     major = args.pg or max(versions)
-    out = sys.stdout.buffer
-
-    def write(line: bytes) -> None:
-        out.write(line + b"\n")
-
-    console.rule(f"pgcdc demo: throwaway PostgreSQL {major}, shop schema, {args.seconds:g} s")
+    lake = _prepare_lake(args.lake)
+    if args.master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "resolves to loopback" noise
+    console.rule(
+        f"pgcdc demo: throwaway PostgreSQL {major}, shop schema, {args.seconds:g} s workload"
+    )
     with Cluster(major) as cluster:
         dsn = cluster.dsn()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SCHEMA)
             _seed_data(conn, random.Random(args.seed))
-            registry = TypeRegistry()
-            registry.load(conn)
-        create_slot(dsn, "demo_slot")
-        printer: OutputPlugin
-        if args.format == "json":
-            printer = JsonPrinter(write, registry=registry, flush=out.flush)
-        else:
-            printer = TestDecodingPrinter(write, major=major, registry=registry, flush=out.flush)
-        plugin = _Counting(printer)
+        config = _config(dsn, lake, args.master, args.interval)
+        pipeline = Pipeline(config)
+        console.print(f"starting Spark ({args.master}) and copying the shop tables into {lake}")
+        counts = _Counts()
+        started = time.monotonic()
+        failure: list[BaseException] = []
+        ready = threading.Event()
+
+        def stream() -> None:
+            try:
+                pipeline.run(on_started=lambda _p: ready.set())
+            except BaseException as exc:  # reported by the main thread
+                failure.append(exc)
+            finally:
+                ready.set()
+
+        streamer = threading.Thread(target=stream, name="pgcdc-pipeline", daemon=True)
+        streamer.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
         worker = threading.Thread(
-            target=_workload, args=(dsn, args.seconds, args.rate, args.seed), daemon=True
+            target=_workload,
+            args=(dsn, args.seconds, args.rate, args.seed, counts),
+            name="pgcdc-workload",
+            daemon=True,
         )
         worker.start()
-        options = StreamOptions(publication_names=("shop_pub",), streaming="on", messages=True)
-        with ReplicationSession(dsn, "demo_slot", options, poll_interval=0.2) as session:
-            result = run_plugin(plugin, session, registry=registry)
-        worker.join()
-        with psycopg.connect(dsn) as conn:
-            row = conn.execute("SELECT count(*) FROM shop.orders").fetchone()
-        out.flush()
-        console.rule("done")
-        console.print(
-            f"received [bold]{plugin.transactions}[/bold] transactions with "
-            f"[bold]{plugin.changes}[/bold] changes, confirmed up to {result.confirmed_lsn}; "
-            f"the source has {row[0] if row else 0} orders"
-        )
-    return 0
+        with Live(console=console, refresh_per_second=2, transient=False) as live:
+            while worker.is_alive() and not failure:
+                live.update(_status(pipeline, counts, started, "workload running"))
+                time.sleep(0.5)
+            live.update(_status(pipeline, counts, started, "workload done, catching up"))
+            pipeline.stop()
+            streamer.join()
+            if failure:
+                raise failure[0]
+            catch_up = Pipeline(config, spark=pipeline.spark())
+            catch_up.run(until_caught_up=True)
+            live.update(_status(pipeline, counts, started, "caught up"))
+        tables = catch_up.plan.tables if catch_up.plan is not None else ()
+        checks = compare_tables(dsn, catch_up.layout, tables)
+        console.print()
+        console.print(Group(_results(checks)))
+        orders = next((t for t in tables if t.table_id == "shop.orders"), None)
+        if orders is not None and orders.history:
+            history = DeltaTarget(orders.path(catch_up.layout, "history")).read(
+                columns=[IS_CURRENT]
+            )
+            current = sum(1 for v in history.column(IS_CURRENT).to_pylist() if v)
+            console.print(
+                f"shop.orders history: {history.num_rows} versions, {current} current "
+                f"({orders.path(catch_up.layout, 'history')})"
+            )
+        console.print(f"lake: {lake} (Delta tables; read them with Spark, DuckDB, Polars)")
+        pipeline.spark().stop()
+    ok = all(c.equal for c in checks)
+    console.rule("[green]mirror equals source[/green]" if ok else "[red]mirror differs[/red]")
+    return 0 if ok else 1

@@ -1,0 +1,88 @@
+"""Lakehouse tables from PostgreSQL changes: the pipeline behind ``pgcdc run`` and ``pgcdc demo``.
+
+Layer: uses ``pgcdc.spark`` (the source), ``pgcdc.filters``, ``pgcdc.replication`` and below.
+Transformations (ordering, per-key reduction, history rows, casts, routing) run in Spark; each
+Delta commit goes through delta-rs (``deltalake``) with an application transaction
+``(app id, version)`` so a replayed batch is skipped, never applied twice.
+
+Tables, per source table ``schema.table`` (``tables.encode_name`` makes names path-safe):
+
+``<lake>/<schema>/<table>``: the mirror (SCD type 1)
+    the source's columns, plus ``__commit_lsn`` (long) and ``__commit_time`` (timestamp) of
+    the change that last wrote the row (the consistent point / snapshot time for copied rows).
+    One row per key (primary key, replica identity index, or every column under REPLICA
+    IDENTITY FULL without a primary key).
+``<lake>/<schema>/<table>.history``: the history (SCD type 2), if ``history = true``
+    the source's columns, plus ``__start_lsn``, ``__start_at``, ``__end_lsn``, ``__end_at``
+    (NULL while current), ``__is_current``, ``__start_op`` ('S' snapshot, 'I' insert, 'U'
+    update) and ``__end_op`` ('U', 'D', 'T'). One version per key and transaction.
+``<lake>/<schema>/<table>.changelog``: the changelog, if ``changelog = true``
+    the new image's columns, plus ``__op`` ('S', 'I', 'U', 'D', 'T'), ``__commit_lsn``,
+    ``__commit_lsn_text``, ``__end_lsn``, ``__position``, ``__xid``, ``__commit_time``,
+    ``__old_kind`` ('K'/'O'), ``__old`` (struct of the old image), ``__unchanged`` (columns
+    whose value was unchanged TOAST).
+``<lake>/_pgcdc/``
+    the pipeline's state (``state.json``) and the streaming checkpoint.
+
+Semantics next to Databricks' ``AUTO CDC`` / ``APPLY CHANGES INTO``:
+
+======================  ======================================  ==================================
+AUTO CDC                 what it means there                     pgcdc
+======================  ======================================  ==================================
+``KEYS (...)``           row identity                            the primary key, else the replica
+                                                                 identity index, else (REPLICA
+                                                                 IDENTITY FULL) every column; a
+                                                                 key-changing UPDATE deletes the
+                                                                 old key and writes the new one
+``SEQUENCE BY col``      order of changes, latest wins           commit LSN, then the change's
+                                                                 position in its transaction;
+                                                                 never out of order (WAL order)
+``APPLY AS DELETE        which rows are deletes                  pgoutput DELETE (key from the old
+WHEN``                                                           image, 'K' or 'O')
+``APPLY AS TRUNCATE      which rows truncate the table           pgoutput TRUNCATE: changes of the
+WHEN``                                                           batch before it are void, the
+                                                                 table is emptied in the same
+                                                                 commit as the changes after it;
+                                                                 history closes every current row
+``STORED AS SCD TYPE 1`` upsert / delete in place                the mirror
+``STORED AS SCD TYPE 2`` ``__START_AT`` / ``__END_AT`` versions   the history: ``__start_lsn`` /
+                                                                 ``__end_lsn`` (and the commit
+                                                                 times ``__start_at`` /
+                                                                 ``__end_at``), ``__is_current``;
+                                                                 a delete closes the current
+                                                                 version, as in AUTO CDC
+``COLUMNS * EXCEPT``     column selection                        publication column lists are not
+                                                                 used: every column is mirrored
+``TRACK HISTORY ON``     which column changes open a version     every change opens a version
+                                                                 (one per transaction and key)
+``IGNORE NULL UPDATES``  NULL in an update keeps the old value   not needed: NULL is a value; an
+                                                                 unchanged TOAST value (not sent)
+                                                                 keeps the stored one
+out-of-order events      late rows are reconciled by sequence    cannot happen: one slot, commit
+                                                                 order
+======================  ======================================  ==================================
+
+Entry points: ``config.load_config`` (``pipeline.toml``), ``pipeline.Pipeline`` (``run``),
+``verify.compare_tables`` (mirror = source?), ``batch.LakeBatchWriter`` (the
+``foreachBatch`` function).
+"""
+
+from pgcdc.lake.config import ConfigError, PipelineConfig, load_config, parse_config
+from pgcdc.lake.pipeline import Pipeline, PipelineError, RunResult
+from pgcdc.lake.tables import LakeLayout, LakeTable, encode_name
+from pgcdc.lake.verify import TableCheck, compare_tables
+
+__all__ = [
+    "ConfigError",
+    "LakeLayout",
+    "LakeTable",
+    "Pipeline",
+    "PipelineConfig",
+    "PipelineError",
+    "RunResult",
+    "TableCheck",
+    "compare_tables",
+    "encode_name",
+    "load_config",
+    "parse_config",
+]

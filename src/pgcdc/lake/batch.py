@@ -1,0 +1,318 @@
+"""The ``foreachBatch`` function: one micro-batch of the source into the lake's Delta tables.
+
+``LakeBatchWriter(df, batch_id)`` runs on the Spark driver (in Spark Connect: in the server's
+Python worker, so it is a plain picklable object). For each table with changes in the batch and
+each of its Delta tables (mirror, history, changelog) not already holding this batch's commit
+(``Transaction(app_id, batch_id)``), it builds the rows in Spark, collects them as Arrow and
+commits them with delta-rs in one commit per Delta table. A replayed batch's commits that are
+already there are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from pgcdc.lake.catalog import missing_values
+from pgcdc.lake.changelog import append_changelog, changelog_rows
+from pgcdc.lake.changes import (
+    TableOverview,
+    batch_overview,
+    image_columns,
+    resolve_unchanged,
+    table_events,
+)
+from pgcdc.lake.history import history_rows, merge_history
+from pgcdc.lake.mirror import merge_mirror, mirror_rows
+from pgcdc.lake.tables import LakeLayout, LakeTable, TableKind
+from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lsn import Lsn
+
+__all__ = ["BatchResult", "LakeBatchWriter", "Progress"]
+
+log = logging.getLogger("pgcdc.lake")
+
+
+@dataclass(slots=True)
+class BatchResult:
+    batch_id: int
+    changes: int = 0
+    tables: int = 0
+    skipped: bool = False
+    min_lsn: int | None = None
+    max_lsn: int | None = None
+    seconds: float = 0.0
+    per_table: dict[str, int] = field(default_factory=dict)
+
+
+class Progress:
+    """What the batches applied so far (in this process), for live progress displays."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.batches = 0
+        self.changes = 0
+        self.last: BatchResult | None = None
+        self.per_table: dict[str, int] = {}
+
+    def record(self, result: BatchResult) -> None:
+        with self._lock:
+            self.batches += 1
+            self.changes += result.changes
+            self.last = result
+            for table, n in result.per_table.items():
+                self.per_table[table] = self.per_table.get(table, 0) + n
+
+
+#: Progress per app id, for callers in the same process as the foreachBatch function.
+PROGRESS: dict[str, Progress] = {}
+
+
+def _lsn(value: int | None) -> str:
+    return "-" if value is None else str(Lsn(value))
+
+
+@dataclass(frozen=True)
+class LakeBatchWriter:
+    """Applies micro-batches of the source's DataFrame to the lake (picklable)."""
+
+    lake: str
+    tables: tuple[LakeTable, ...]
+    table_columns: tuple[tuple[str, str], ...]  # (table id, struct column)
+    app_id: str
+    dsn: str | None = field(default=None, repr=False)  # for added columns' existing values
+    fail_after: int | None = None  # tests: raise after this many Delta commits of a batch
+
+    def _targets(self, table: LakeTable) -> dict[TableKind, DeltaTarget]:
+        layout = LakeLayout(Path(self.lake))
+        return {kind: DeltaTarget(table.path(layout, kind)) for kind in table.kinds()}
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        result = self.apply(df, int(batch_id))
+        PROGRESS.setdefault(self.app_id, Progress()).record(result)
+
+    def apply(self, df: Any, batch_id: int) -> BatchResult:
+        started = time.monotonic()
+        result = BatchResult(batch_id)
+        columns = dict(self.table_columns)
+        known = {t.table_id for t in self.tables}
+        df = df.persist()
+        try:
+            clock = time.monotonic()
+            overview = batch_overview(df, columns)
+            log.debug("batch %s overview: %.2f s", batch_id, time.monotonic() - clock)
+            result.changes = overview.changes
+            result.min_lsn, result.max_lsn = overview.min_lsn, overview.max_lsn
+            result.per_table = {t: info.changes for t, info in overview.tables.items()}
+            unknown = sorted(set(overview.tables) - known)
+            if unknown:
+                log.warning(
+                    "batch %s has changes of tables the pipeline does not mirror (%s): "
+                    "ignored; mirror them with a new pipeline",
+                    batch_id,
+                    ", ".join(unknown),
+                )
+            commits = 0
+            for table in self.tables:
+                info = overview.tables.get(table.table_id)
+                if info is None:
+                    continue
+                wanted = {
+                    kind: target
+                    for kind, target in self._targets(table).items()
+                    if not target.applied(self.app_id, batch_id)
+                }
+                if not wanted:
+                    log.info("batch %s of %s is already in the lake", batch_id, table.table_id)
+                    continue
+                column = columns.get(table.table_id)
+                if column is None or column not in df.columns:
+                    log.warning(
+                        "batch %s has %s changes of %s but no column for it: skipped",
+                        batch_id,
+                        info.changes,
+                        table.table_id,
+                    )
+                    continue
+                commits = self._apply_table(
+                    df=df,
+                    batch_id=batch_id,
+                    table=table,
+                    column=column,
+                    info=info,
+                    targets=wanted,
+                    metadata=overview_meta(batch_id, info),
+                    commits=commits,
+                )
+                result.tables += 1
+            result.skipped = result.tables == 0 and bool(overview.tables)
+        finally:
+            df.unpersist()
+        result.seconds = time.monotonic() - started
+        log.info(
+            "batch %s: %s changes of %s tables, LSN %s to %s, %.2f s",
+            batch_id,
+            result.changes,
+            result.tables,
+            _lsn(result.min_lsn),
+            _lsn(result.max_lsn),
+            result.seconds,
+        )
+        return result
+
+    def _apply_table(
+        self,
+        *,
+        df: Any,
+        batch_id: int,
+        table: LakeTable,
+        column: str,
+        info: TableOverview,
+        targets: dict[TableKind, DeltaTarget],
+        metadata: dict[str, Any],
+        commits: int,
+    ) -> int:
+        _, names = image_columns(df, column)
+        missing = [k for k in table.keys if k not in names]
+        if missing:
+            raise RuntimeError(
+                f"the source's columns for {table.table_id} lack its key column(s) "
+                f"{', '.join(missing)}: publish every key column"
+            )
+        defaults = None
+        if self.dsn is not None:
+            dsn = self.dsn
+
+            def defaults(types: Mapping[str, pa.DataType]) -> Mapping[str, Any]:
+                return missing_values(dsn, table, types)
+
+        resolved = None
+        if "mirror" in targets or "history" in targets:
+            events = table_events(df, table, column, names)
+            resolved = resolve_unchanged(
+                events,
+                names,
+                info.unchanged_columns,
+                table.keys,
+                rekeyed=info.old_with_unchanged > 0,
+            )
+            if "mirror" in targets and "history" in targets and info.unchanged_columns:
+                resolved = resolved.persist()
+        try:
+            if "mirror" in targets:
+                clock = time.monotonic()
+                rows = mirror_rows(resolved, table, names, info).toArrow()
+                spark_seconds = time.monotonic() - clock
+                merge_mirror(
+                    targets["mirror"],
+                    rows,
+                    table,
+                    names,
+                    truncated=bool(info.truncates),
+                    app_id=self.app_id,
+                    version=batch_id,
+                    metadata=metadata,
+                    defaults=defaults,
+                )
+                self._timing(
+                    batch_id,
+                    table,
+                    "mirror",
+                    rows.num_rows,
+                    spark_seconds=spark_seconds,
+                    clock=clock,
+                )
+                commits = self._committed(commits)
+            if "history" in targets:
+                clock = time.monotonic()
+                rows = history_rows(resolved, table, names, info).toArrow()
+                spark_seconds = time.monotonic() - clock
+                merge_history(
+                    targets["history"],
+                    rows,
+                    table,
+                    names,
+                    info,
+                    app_id=self.app_id,
+                    version=batch_id,
+                    metadata=metadata,
+                    defaults=defaults,
+                )
+                self._timing(
+                    batch_id,
+                    table,
+                    "history",
+                    rows.num_rows,
+                    spark_seconds=spark_seconds,
+                    clock=clock,
+                )
+                commits = self._committed(commits)
+            if "changelog" in targets:
+                clock = time.monotonic()
+                rows = changelog_rows(df, table, column, names).toArrow()
+                spark_seconds = time.monotonic() - clock
+                append_changelog(
+                    targets["changelog"],
+                    rows,
+                    table,
+                    app_id=self.app_id,
+                    version=batch_id,
+                    metadata=metadata,
+                )
+                self._timing(
+                    batch_id,
+                    table,
+                    "changelog",
+                    rows.num_rows,
+                    spark_seconds=spark_seconds,
+                    clock=clock,
+                )
+                commits = self._committed(commits)
+        finally:
+            if resolved is not None and resolved.is_cached:
+                resolved.unpersist()
+        return commits
+
+    @staticmethod
+    def _timing(
+        batch_id: int, table: LakeTable, kind: str, rows: int, *, spark_seconds: float, clock: float
+    ) -> None:
+        log.debug(
+            "batch %s %s %s: %s rows, Spark %.2f s, Delta %.2f s",
+            batch_id,
+            table.table_id,
+            kind,
+            rows,
+            spark_seconds,
+            time.monotonic() - clock - spark_seconds,
+        )
+
+    def _committed(self, commits: int) -> int:
+        commits += 1
+        if self.fail_after is not None and commits >= self.fail_after:
+            raise RuntimeError(f"injected failure after {commits} Delta commit(s) (tests)")
+        return commits
+
+
+def overview_meta(batch_id: int, info: TableOverview) -> dict[str, Any]:
+    """Commit metadata: which batch and LSN range a commit holds (no row values)."""
+    return {
+        "batch": batch_id,
+        "changes": info.changes,
+        "min_lsn": _lsn(info.min_lsn),
+        "max_lsn": _lsn(info.max_lsn),
+    }
+
+
+def table_column_pairs(tables: Sequence[LakeTable]) -> tuple[tuple[str, str], ...]:
+    """(table id, struct column) for each table, named as the Spark source names them."""
+    from pgcdc.spark import table_column
+
+    return tuple((t.table_id, table_column(t.schema, t.name)) for t in tables)

@@ -1,0 +1,502 @@
+"""What the source database says about the configured tables, checked before anything is created.
+
+``plan_source`` resolves the ``[[tables]]`` names and patterns against the catalog, finds each
+table's key (primary key, replica identity index, or every column under REPLICA IDENTITY FULL),
+and tries the publication in a transaction that is always rolled back, so the server itself
+validates every row filter and reports exactly which tables the publication will publish (with
+``publish_via_partition_root`` that is the root, else the partitions) and their filters as it
+prints them. Row filters are also checked against the replica identity with
+``pgcdc.filters`` (PostgreSQL only checks that when an UPDATE or DELETE runs, so a bad filter
+would make the source's own writes fail). Every problem is a ``ConfigError`` naming the key.
+
+``ensure_publication`` then creates the publication for real (first start only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from pgcdc.lake.config import ConfigError, PipelineConfig, TableSettings
+from pgcdc.lake.tables import LakeTable, reserved_column
+from pgcdc.protocol.messages import Column, Relation
+from pgcdc.replication import (
+    PublicationInfo,
+    PublicationTable,
+    ReplicationError,
+    create_publication,
+    publication_info,
+)
+from pgcdc.replication.database import connect_sql
+
+__all__ = [
+    "SourceColumn",
+    "SourcePlan",
+    "SourceTable",
+    "ensure_publication",
+    "missing_values",
+    "plan_source",
+    "source_columns",
+]
+
+log = logging.getLogger("pgcdc.lake")
+
+_TABLES_SQL = """
+SELECT c.oid::bigint, n.nspname::text, c.relname::text, c.relkind::text, c.relreplident::text,
+       c.relispartition
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p')
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+  AND n.nspname !~ '^pg_(toast|temp_)'
+"""
+
+_COLUMNS_SQL = """
+SELECT a.attrelid::bigint, a.attname::text, a.atttypid::bigint, a.atttypmod, a.attnotnull,
+       a.attgenerated::text
+FROM pg_attribute a
+WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attrelid, a.attnum
+"""
+
+_INDEXES_SQL = """
+SELECT i.indrelid::bigint, i.indisprimary, i.indisreplident,
+       ARRAY(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+             ORDER BY k.ord)
+FROM pg_index i
+WHERE i.indrelid = ANY(%s::oid[]) AND (i.indisprimary OR i.indisreplident)
+"""
+
+_ANCESTORS_SQL = """
+SELECT a.relid::bigint, n.nspname::text, c.relname::text
+FROM pg_partition_ancestors(%s::oid) a
+JOIN pg_class c ON c.oid = a.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE a.relid <> %s::oid
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceColumn:
+    name: str
+    type_oid: int
+    type_modifier: int
+    not_null: bool
+    generated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SourceTable:
+    """A table of the source database with what the lake needs to know about it."""
+
+    oid: int
+    schema: str
+    name: str
+    relkind: str  # 'r' table, 'p' partitioned table
+    replica_identity: str  # 'd' default, 'i' index, 'f' full, 'n' nothing
+    columns: tuple[SourceColumn, ...]
+    primary_key: tuple[str, ...]
+    identity_index: tuple[str, ...]
+
+    @property
+    def table_id(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    def identity_columns(self) -> tuple[str, ...]:
+        """The columns of the replica identity (what a delete's old key carries)."""
+        if self.replica_identity == "d":
+            return self.primary_key
+        if self.replica_identity == "i":
+            return self.identity_index
+        if self.replica_identity == "f":
+            return tuple(c.name for c in self.columns if not c.generated)
+        return ()
+
+    def keys(self) -> tuple[str, ...]:
+        """The lake's key: the replica identity, or the primary key under FULL if there is one."""
+        if self.replica_identity == "f" and self.primary_key:
+            return self.primary_key
+        return self.identity_columns()
+
+    def relation(self) -> Relation:
+        """The table as a pgoutput Relation message would describe it (for filter binding)."""
+        identity = set(self.identity_columns())
+        return Relation(
+            xid=None,
+            relation_id=self.oid,
+            namespace=self.schema,
+            name=self.name,
+            replica_identity=self.replica_identity,
+            columns=tuple(
+                Column(1 if c.name in identity else 0, c.name, c.type_oid, c.type_modifier)
+                for c in self.columns
+                if not c.generated
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePlan:
+    """The tables the pipeline mirrors and the publication that carries them."""
+
+    tables: tuple[LakeTable, ...]
+    source_tables: tuple[SourceTable, ...]
+    publication_exists: bool
+    publication_tables: tuple[PublicationTable, ...]  # what CREATE PUBLICATION lists
+    via_partition_root: bool
+
+    def table(self, table_id: str) -> LakeTable:
+        for t in self.tables:
+            if t.table_id == table_id:
+                return t
+        raise KeyError(table_id)
+
+
+def _catalog(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], SourceTable]:
+    rows = conn.execute(_TABLES_SQL).fetchall()
+    oids = [r[0] for r in rows]
+    columns: dict[int, list[SourceColumn]] = {}
+    for relid, name, typ, typmod, notnull, generated in conn.execute(
+        _COLUMNS_SQL, (oids,)
+    ).fetchall():
+        columns.setdefault(relid, []).append(
+            SourceColumn(name, typ, typmod, bool(notnull), bool(generated))
+        )
+    pkeys: dict[int, tuple[str, ...]] = {}
+    idents: dict[int, tuple[str, ...]] = {}
+    for relid, primary, replident, names in conn.execute(_INDEXES_SQL, (oids,)).fetchall():
+        if primary:
+            pkeys[relid] = tuple(names)
+        if replident:
+            idents[relid] = tuple(names)
+    return {
+        (schema, name): SourceTable(
+            oid=oid,
+            schema=schema,
+            name=name,
+            relkind=kind,
+            replica_identity=ident,
+            columns=tuple(columns.get(oid, ())),
+            primary_key=pkeys.get(oid, ()),
+            identity_index=idents.get(oid, ()),
+        )
+        for oid, schema, name, kind, ident, _part in rows
+    }
+
+
+class _DropRecords(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """Drop the replication layer's "created publication" log lines of a dry run."""
+    logger = logging.getLogger(logger_name)
+    drop = _DropRecords()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
+def _try_publication(
+    conn: psycopg.Connection[Any],
+    name: str,
+    tables: Sequence[PublicationTable],
+    via_root: bool,
+) -> PublicationInfo:
+    """Create the publication in a transaction that is rolled back; what it would publish."""
+    with _quiet("pgcdc.replication"), conn.transaction(force_rollback=True):
+        create_publication(conn, name, tables=tables, via_partition_root=via_root)
+        info = publication_info(conn, name)
+    assert info is not None
+    return info
+
+
+def _check_filter(
+    conn: psycopg.Connection[Any],
+    key: str,
+    table: SourceTable,
+    spec: PublicationTable,
+    via_root: bool,
+) -> list[tuple[str, str]]:
+    """Server-side and replica-identity checks of one table's row filter."""
+    problems: list[tuple[str, str]] = []
+    try:
+        _try_publication(conn, "pgcdc_filter_check", [spec], via_root)
+    except ReplicationError as exc:
+        problems.append((key, f"PostgreSQL refuses the filter for {table.table_id}: {exc}"))
+        return problems
+    try:
+        from pgcdc.filters import ReplicaIdentityError, RowFilter, RowFilterError
+    except ImportError:  # pragma: no cover - the filters package is part of pgcdc
+        return problems
+    relation = table.relation()
+    assert spec.where is not None
+    try:
+        RowFilter.parse(spec.where).bind(relation, publishes_update_or_delete=True)
+    except ReplicaIdentityError as exc:
+        problems.append((key, f"table {table.table_id}: {exc}"))
+    except RowFilterError:
+        pass  # the server evaluates the filter; client-side support does not matter here
+    return problems
+
+
+def _settings_for(
+    config: PipelineConfig,
+    conn: psycopg.Connection[Any],
+    table: SourceTable,
+) -> tuple[int, TableSettings] | None:
+    found = config.table_settings(table.schema, table.name)
+    if found is not None:
+        return found
+    for _oid, schema, name in conn.execute(_ANCESTORS_SQL, (table.oid, table.oid)).fetchall():
+        found = config.table_settings(schema, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _same_tables(a: PublicationInfo, b: PublicationInfo) -> bool:
+    def norm(info: PublicationInfo) -> set[tuple[str, str, str | None, tuple[str, ...]]]:
+        return {(t.schema, t.name, t.row_filter, t.columns) for t in info.tables}
+
+    return norm(a) == norm(b) and a.via_partition_root == b.via_partition_root
+
+
+def plan_source(dsn: str, config: PipelineConfig) -> SourcePlan:
+    """Resolve the configuration against the source database; creates nothing."""
+    with connect_sql(dsn, connect_timeout=config.source.connect_timeout) as conn:
+        return _plan(conn, config)
+
+
+def _plan(conn: psycopg.Connection[Any], config: PipelineConfig) -> SourcePlan:
+    catalog = _catalog(conn)
+    problems: list[tuple[str, str]] = []
+    specs: list[PublicationTable] = []
+    chosen: dict[tuple[str, str], int] = {}
+    for i, entry in enumerate(config.tables):
+        matched = sorted(key for key in catalog if entry.matches(*key))
+        if not matched:
+            what = "matches no table" if entry.is_pattern else "names no table"
+            problems.append((f"tables[{i}].name", f"{entry.name!r} {what} in the source database"))
+            continue
+        for key in matched:
+            try:
+                found = config.table_settings(*key)
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+                continue
+            if found is None or found[0] != i or key in chosen:
+                continue
+            chosen[key] = i
+    if problems:
+        raise ConfigError(problems)
+    for key, i in sorted(chosen.items()):
+        entry = config.tables[i]
+        table = catalog[key]
+        spec = PublicationTable(key[1], schema=key[0], where=entry.combined_filter())
+        if spec.where is not None:
+            problems.extend(
+                _check_filter(
+                    conn,
+                    f"tables[{i}].row_filter",
+                    table,
+                    spec,
+                    config.source.via_partition_root,
+                )
+            )
+        specs.append(spec)
+    if problems:
+        raise ConfigError(problems)
+
+    name = config.source.publication
+    existing = publication_info(conn, name)
+    if existing is None and not specs:
+        raise ConfigError(
+            [
+                (
+                    "tables",
+                    f"no tables configured and publication {name!r} does not exist: list the "
+                    "tables to mirror in [[tables]] entries",
+                )
+            ]
+        )
+    try:
+        wanted = (
+            _try_publication(
+                conn,
+                name if existing is None else "pgcdc_config_check",
+                specs,
+                config.source.via_partition_root,
+            )
+            if specs
+            else existing
+        )
+    except ReplicationError as exc:
+        raise ConfigError([("tables", f"PostgreSQL refuses the publication: {exc}")]) from None
+    assert wanted is not None
+    if existing is not None:
+        if not _same_tables(existing, wanted):
+            raise ConfigError(
+                [
+                    (
+                        "source.publication",
+                        f"publication {name!r} exists but publishes other tables, row filters "
+                        "or via_partition_root than [[tables]] asks for: drop it "
+                        f"(DROP PUBLICATION {name}) so pgcdc creates it, or make [[tables]] "
+                        "match it",
+                    )
+                ]
+            )
+        missing_ops = {"insert", "update", "delete"} - set(existing.publish)
+        if missing_ops:
+            raise ConfigError(
+                [
+                    (
+                        "source.publication",
+                        f"publication {name!r} does not publish {', '.join(sorted(missing_ops))}:"
+                        " a mirror needs inserts, updates and deletes",
+                    )
+                ]
+            )
+        if "truncate" not in existing.publish:
+            log.warning(
+                "publication %s does not publish TRUNCATE: truncates are not mirrored", name
+            )
+        wanted = existing
+    lake_tables: list[LakeTable] = []
+    source_tables: list[SourceTable] = []
+    for published in wanted.tables:
+        known = catalog.get((published.schema, published.name))
+        if known is None:  # pragma: no cover - published tables are in the catalog
+            continue
+        table = known
+        found = _settings_for(config, conn, table)
+        key_name = f"tables[{found[0]}]" if found else f"source.publication ({name})"
+        settings = found[1] if found else None
+        keys = table.keys()
+        if not keys:
+            problems.append(
+                (
+                    f"{key_name}.name",
+                    f"table {table.table_id} has no primary key and REPLICA IDENTITY "
+                    f"{'NOTHING' if table.replica_identity == 'n' else 'DEFAULT'}: its rows "
+                    "cannot be identified (and UPDATE/DELETE on it fail once published); add a "
+                    f"primary key or ALTER TABLE {table.table_id} REPLICA IDENTITY FULL",
+                )
+            )
+            continue
+        clash = sorted(c.name for c in table.columns if reserved_column(c.name))
+        if clash:
+            problems.append(
+                (
+                    f"{key_name}.name",
+                    f"table {table.table_id} has column(s) {', '.join(clash)}, names pgcdc "
+                    "reserves for its metadata columns (and the __pgcdc prefix): rename them or "
+                    "leave the table out",
+                )
+            )
+            continue
+        lake_tables.append(
+            LakeTable(
+                schema=table.schema,
+                name=table.name,
+                keys=keys,
+                replica_identity=table.replica_identity,
+                row_filter=published.row_filter,
+                history=config.history_for(settings),
+                changelog=config.changelog_for(settings),
+                config_key=key_name,
+            )
+        )
+        source_tables.append(table)
+    if problems:
+        raise ConfigError(problems)
+    if not lake_tables:
+        raise ConfigError([("tables", f"publication {name!r} publishes no table")])
+    return SourcePlan(
+        tables=tuple(lake_tables),
+        source_tables=tuple(source_tables),
+        publication_exists=existing is not None,
+        publication_tables=tuple(specs),
+        via_partition_root=config.source.via_partition_root,
+    )
+
+
+def missing_values(
+    dsn: str, table: LakeTable, columns: Mapping[str, pa.DataType]
+) -> dict[str, Any]:
+    """The values PostgreSQL gives existing rows in ``columns`` without storing them (a
+    constant ``ADD COLUMN ... DEFAULT``: ``pg_attribute.attmissingval``), as Python values for
+    the lake's Arrow types. Columns without one, or whose value does not convert, are left out.
+    """
+    if not columns:
+        return {}
+    found: dict[str, Any] = {}
+    with connect_sql(dsn) as conn:
+        rows = conn.execute(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) "
+            "FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.atthasmissing "
+            "AND NOT a.attisdropped AND a.attname = ANY(%s)",
+            (sql.Identifier(table.schema, table.name).as_string(conn), list(columns)),
+        ).fetchall()
+        for name, type_name in rows:
+            arrow = columns[name]
+            as_text = pa.types.is_string(arrow) or pa.types.is_large_string(arrow)
+            value_sql = sql.SQL(
+                "SELECT ((a.attmissingval::text)::{typ}[])[1]{cast} FROM pg_attribute a "
+                "WHERE a.attrelid = %s::regclass AND a.attname = %s"
+            ).format(
+                typ=sql.SQL(type_name),  # format_type output: a valid, quoted type name
+                cast=sql.SQL("::text" if as_text else ""),
+            )
+            try:
+                row = conn.execute(
+                    value_sql, (sql.Identifier(table.schema, table.name).as_string(conn), name)
+                ).fetchone()
+                value = None if row is None else row[0]
+                pa.scalar(value, type=arrow)
+            except (psycopg.Error, pa.ArrowException, TypeError, ValueError):
+                log.warning(
+                    "%s: existing rows' value of added column %s cannot be copied to the lake "
+                    "(they read NULL there)",
+                    table.table_id,
+                    name,
+                )
+                continue
+            if value is not None:
+                found[name] = value
+    return found
+
+
+def source_columns(dsn: str, table: LakeTable) -> list[str]:
+    """The table's current (not generated) columns, in order."""
+    with connect_sql(dsn) as conn:
+        rows = conn.execute(
+            "SELECT a.attname::text FROM pg_attribute a "
+            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
+            "AND a.attgenerated = '' ORDER BY a.attnum",
+            (sql.Identifier(table.schema, table.name).as_string(conn),),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def ensure_publication(dsn: str, config: PipelineConfig, plan: SourcePlan) -> None:
+    """Create the planned publication unless it already exists."""
+    if plan.publication_exists:
+        return
+    create_publication(
+        dsn,
+        config.source.publication,
+        tables=plan.publication_tables,
+        via_partition_root=plan.via_partition_root,
+    )

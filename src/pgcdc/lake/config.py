@@ -1,0 +1,494 @@
+"""``pipeline.toml``: the configuration of ``pgcdc run``, as pydantic models with clear errors.
+
+Every problem is reported as ``ConfigError`` naming the key (``source.slot``,
+``tables[2].row_filter``) and what is wrong with it, before anything is created on the server or
+in the lake. Relative paths (``lake.path``) are relative to the configuration file's directory.
+
+Reference (defaults in brackets):
+
+``[source]``
+    ``dsn`` or ``dsn_env`` (one of them): the libpq connection string, or the name of an
+    environment variable holding it; ``slot``: the pipeline's logical slot (created on the
+    first start); ``publication``: created on the first start with the ``[[tables]]`` and their
+    row filters, or an existing one (then ``[[tables]]`` must match it, or be empty to take it
+    as it is); ``via_partition_root`` [false]: publish partitions' changes as their root's;
+    ``connect_timeout`` [10] seconds.
+``[lake]``
+    ``path``: the lake folder (local, or a shared filesystem mounted at the same path on every
+    Spark machine); ``history`` [false] and ``changelog`` [false]: defaults for every table.
+``[spark]``
+    ``master`` ["local[*]"]: ``local[N]``, ``spark://host:port``, ``yarn``, ``k8s://...``, or a
+    Spark Connect URL ``sc://host:port``; ``app_name`` ["pgcdc"]; ``driver_host``: the address
+    executors reach this process at; ``[spark.conf]``: any Spark settings.
+``[stream]``
+    ``trigger_interval`` [5] seconds between micro-batches when running continuously;
+    ``max_changes_per_trigger`` [100000] and ``max_bytes_per_trigger`` [none]: batch size
+    limits (whole transactions, at least one per batch); ``snapshot_partitions_per_table``
+    [by size]: ctid ranges each table's initial copy is split into.
+``[[tables]]`` (one entry per table or pattern)
+    ``name``: ``schema.table`` (``public`` if unqualified; ``*`` and ``?`` match within a part;
+    double-quote parts with dots or upper case); ``row_filter``: an SQL expression, or a list
+    of them (OR-combined, as PostgreSQL combines several publications' filters), which may only
+    use replica identity columns; ``history`` / ``changelog``: override the ``[lake]``
+    defaults. A table matched by several entries takes the exact-name entry, else the patterns
+    must agree. A partition takes its root's entry when it has none of its own.
+
+Example::
+
+    [source]
+    dsn = "host=db.internal dbname=shop user=pgcdc"   # or dsn_env = "SHOP_DSN"
+    slot = "pgcdc_shop"
+    publication = "pgcdc_shop"
+
+    [lake]
+    path = "lake"
+
+    [spark]
+    master = "local[*]"
+
+    [[tables]]
+    name = "shop.*"
+
+    [[tables]]
+    name = "shop.orders"
+    row_filter = "tenant_id = 42"   # part of the primary key (replica identity)
+    history = true
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from pgcdc.replication import scrub_secrets
+
+__all__ = [
+    "ConfigError",
+    "LakeSettings",
+    "PipelineConfig",
+    "SourceSettings",
+    "SparkSettings",
+    "StreamSettings",
+    "TableSettings",
+    "load_config",
+    "parse_config",
+    "split_table_name",
+]
+
+_SLOT = re.compile(r"[a-z0-9_]{1,63}")
+_LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9][0-9]*)(,\s*[1-9][0-9]*)?\])?")
+
+
+class ConfigError(ValueError):
+    """A wrong pipeline configuration: ``problems`` lists ``(key, what is wrong)`` pairs."""
+
+    def __init__(self, problems: Sequence[tuple[str, str]], *, source: str | None = None) -> None:
+        self.problems = tuple(problems)
+        self.source = source
+        where = f" in {source}" if source else ""
+        lines = [f"invalid pipeline configuration{where}:"]
+        lines += [f"  {key}: {problem}" for key, problem in self.problems]
+        super().__init__("\n".join(lines))
+
+
+def split_table_name(text: str) -> tuple[str, str]:
+    """``"schema.table"`` -> ``("schema", "table")``; a part may be double-quoted (``"a.b".c``),
+    with ``""`` for a quote inside; an unqualified name means schema ``public``."""
+    parts: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        if i < n and text[i] == '"':
+            j = i + 1
+            buf: list[str] = []
+            while True:
+                k = text.find('"', j)
+                if k < 0:
+                    raise ValueError(f"unterminated quoted name in {text!r}")
+                buf.append(text[j:k])
+                if k + 1 < n and text[k + 1] == '"':
+                    buf.append('"')
+                    j = k + 2
+                    continue
+                i = k + 1
+                break
+            parts.append("".join(buf))
+        else:
+            k = text.find(".", i)
+            part = text[i:] if k < 0 else text[i:k]
+            if '"' in part:
+                raise ValueError(f"misplaced double quote in {text!r}")
+            parts.append(part)
+            i = n if k < 0 else k
+        if i >= n:
+            break
+        if text[i] != ".":
+            raise ValueError(f"expected '.' after a quoted name in {text!r}")
+        i += 1
+        if i >= n:
+            raise ValueError(f"{text!r} ends with '.'")
+    if any(not p for p in parts):
+        raise ValueError(f"empty name part in {text!r}")
+    if len(parts) == 1:
+        return "public", parts[0]
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    raise ValueError(
+        f"{text!r} has {len(parts)} dot-separated parts: write schema.table (double-quote a "
+        "name that contains a dot)"
+    )
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+class SourceSettings(_Model):
+    """``[source]``: the PostgreSQL database, its slot and its publication."""
+
+    dsn: str | None = Field(default=None, description="libpq connection string or URI")
+    dsn_env: str | None = Field(
+        default=None, description="name of an environment variable holding the DSN"
+    )
+    slot: str = Field(description="logical replication slot (pgoutput) the pipeline owns")
+    publication: str = Field(description="publication the pipeline reads (created if missing)")
+    via_partition_root: bool = Field(
+        default=False,
+        description="publish partitions' changes as their partitioned root table's",
+    )
+    connect_timeout: float = Field(default=10.0, gt=0)
+
+    @field_validator("slot")
+    @classmethod
+    def _slot(cls, value: str) -> str:
+        if not _SLOT.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a valid slot name: 1 to 63 lower-case letters, digits and "
+                "underscores"
+            )
+        return value
+
+    @field_validator("publication")
+    @classmethod
+    def _publication(cls, value: str) -> str:
+        if not value or len(value.encode()) > 63:
+            raise ValueError("a publication name has 1 to 63 bytes")
+        return value
+
+    @model_validator(mode="after")
+    def _one_dsn(self) -> SourceSettings:
+        if (self.dsn is None) == (self.dsn_env is None):
+            raise ValueError("give exactly one of dsn and dsn_env")
+        return self
+
+    def resolved_dsn(self, environ: Mapping[str, str] | None = None) -> str:
+        """The connection string (read from ``dsn_env`` if that is how it is given)."""
+        if self.dsn is not None:
+            return self.dsn
+        env = os.environ if environ is None else environ
+        assert self.dsn_env is not None
+        value = env.get(self.dsn_env)
+        if not value:
+            raise ConfigError(
+                [("source.dsn_env", f"environment variable {self.dsn_env} is not set or empty")]
+            )
+        return value
+
+
+class LakeSettings(_Model):
+    """``[lake]``: where the Delta tables live and which kinds every table gets by default."""
+
+    path: Path = Field(description="lake folder (local or shared filesystem)")
+    history: bool = Field(default=False, description="SCD type 2 history table per table")
+    changelog: bool = Field(default=False, description="append-only change log per table")
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _path(cls, value: object) -> object:
+        if isinstance(value, str):
+            if not value.strip():
+                raise ValueError("the lake path is empty")
+            if "://" in value and not value.startswith("file://"):
+                raise ValueError(
+                    f"{value!r}: only local or mounted shared filesystem paths are supported "
+                    "(the executors write snapshot files there directly)"
+                )
+            if value.startswith("file://"):
+                return value[len("file://") :]
+        return value
+
+
+class SparkSettings(_Model):
+    """``[spark]``: where the Spark work runs."""
+
+    master: str = Field(
+        default="local[*]",
+        description="Spark master URL (local[*], spark://host:7077, yarn, k8s://...) or "
+        "Spark Connect URL (sc://host:15002)",
+    )
+    app_name: str = "pgcdc"
+    driver_host: str | None = Field(
+        default=None,
+        description="address executors use to reach this process (spark.driver.host)",
+    )
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark settings")
+
+    @field_validator("master")
+    @classmethod
+    def _master(cls, value: str) -> str:
+        ok = (
+            _LOCAL_MASTER.fullmatch(value) is not None
+            or value.startswith(("spark://", "sc://", "k8s://", "mesos://"))
+            or value == "yarn"
+        )
+        if not ok:
+            raise ValueError(
+                f"{value!r} is not a Spark master URL: use local[*], local[N], spark://host:port, "
+                "yarn, k8s://..., or a Spark Connect URL sc://host:port"
+            )
+        return value
+
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _conf(cls, value: object) -> object:
+        if isinstance(value, dict):
+            return {
+                str(k): (str(v).lower() if isinstance(v, bool) else str(v))
+                for k, v in value.items()
+            }
+        return value
+
+    @property
+    def is_connect(self) -> bool:
+        return self.master.startswith("sc://")
+
+
+class StreamSettings(_Model):
+    """``[stream]``: how changes are batched."""
+
+    trigger_interval: float = Field(
+        default=5.0, ge=0, description="seconds between micro-batches when running continuously"
+    )
+    max_changes_per_trigger: int | None = Field(default=100_000, gt=0)
+    max_bytes_per_trigger: int | None = Field(default=None, gt=0)
+    snapshot_partitions_per_table: int | None = Field(
+        default=None, gt=0, description="ctid ranges each table's snapshot is split into"
+    )
+
+
+RowFilterText = Annotated[str, Field(min_length=1)]
+
+
+class TableSettings(_Model):
+    """One ``[[tables]]`` entry: tables matched by ``name`` and what they get."""
+
+    name: str = Field(description="schema.table; * and ? are wildcards within a part")
+    row_filter: RowFilterText | list[RowFilterText] | None = Field(
+        default=None,
+        description="row filter (SQL expression over the table's columns); several are "
+        "OR-combined, as PostgreSQL combines several publications' filters",
+    )
+    history: bool | None = None
+    changelog: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        split_table_name(value)  # raises ValueError with the reason
+        return value
+
+    @field_validator("row_filter")
+    @classmethod
+    def _filters(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty list: omit row_filter instead")
+        for text in [value] if isinstance(value, str) else value or []:
+            if not text.strip():
+                raise ValueError("an empty row filter: omit it instead")
+        return value
+
+    @property
+    def schema_pattern(self) -> str:
+        return split_table_name(self.name)[0]
+
+    @property
+    def table_pattern(self) -> str:
+        return split_table_name(self.name)[1]
+
+    @property
+    def is_pattern(self) -> bool:
+        return any(ch in self.name for ch in "*?[")
+
+    def matches(self, schema: str, table: str) -> bool:
+        return fnmatch.fnmatchcase(schema, self.schema_pattern) and fnmatch.fnmatchcase(
+            table, self.table_pattern
+        )
+
+    @property
+    def filters(self) -> tuple[str, ...]:
+        if self.row_filter is None:
+            return ()
+        if isinstance(self.row_filter, str):
+            return (self.row_filter,)
+        return tuple(self.row_filter)
+
+    def combined_filter(self) -> str | None:
+        """The filters as one SQL expression (OR of them), or None for every row."""
+        filters = self.filters
+        if not filters:
+            return None
+        if len(filters) == 1:
+            return filters[0]
+        return " OR ".join(f"({f})" for f in filters)
+
+
+class PipelineConfig(_Model):
+    """The whole ``pipeline.toml``."""
+
+    source: SourceSettings
+    lake: LakeSettings
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    stream: StreamSettings = Field(default_factory=StreamSettings)
+    tables: list[TableSettings] = Field(
+        default_factory=list,
+        description="tables to mirror; empty: every table of an existing publication",
+    )
+
+    def table_settings(self, schema: str, table: str) -> tuple[int, TableSettings] | None:
+        """The entry (index, settings) that applies to a table, or None if none matches.
+
+        An exact name wins over patterns; a table matched by several patterns (and no exact
+        name) takes the first of them only if all agree, else ConfigError names both entries.
+        """
+        matching = [(i, t) for i, t in enumerate(self.tables) if t.matches(schema, table)]
+        if not matching:
+            return None
+        exact = [(i, t) for i, t in matching if not t.is_pattern]
+        if len(exact) > 1:
+            raise ConfigError(
+                [
+                    (
+                        f"tables[{exact[1][0]}].name",
+                        f"names {schema}.{table} again (already tables[{exact[0][0]}])",
+                    )
+                ]
+            )
+        if exact:
+            return exact[0]
+        first = matching[0]
+        for other in matching[1:]:
+            if other[1].model_dump(exclude={"name"}) != first[1].model_dump(exclude={"name"}):
+                raise ConfigError(
+                    [
+                        (
+                            f"tables[{other[0]}].name",
+                            f"pattern {other[1].name!r} matches {schema}.{table} like "
+                            f"tables[{first[0]}] ({first[1].name!r}) but with other settings: "
+                            "add an entry with the exact table name to decide",
+                        )
+                    ]
+                )
+        return first
+
+    def history_for(self, settings: TableSettings | None) -> bool:
+        if settings is not None and settings.history is not None:
+            return settings.history
+        return self.lake.history
+
+    def changelog_for(self, settings: TableSettings | None) -> bool:
+        if settings is not None and settings.changelog is not None:
+            return settings.changelog
+        return self.lake.changelog
+
+    def describe(self) -> str:
+        """A one-line summary safe for logs (no password)."""
+        dsn = self.source.dsn if self.source.dsn is not None else f"${self.source.dsn_env}"
+        return (
+            f"source {scrub_secrets(dsn)} slot {self.source.slot} publication "
+            f"{self.source.publication}, lake {self.lake.path}, spark {self.spark.master}"
+        )
+
+
+_TYPE_LABELS = frozenset(("str", "int", "float", "bool", "list", "dict"))
+
+
+def _key(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _TYPE_LABELS or any(ch in part for ch in "[(-"):
+            continue  # union branch labels pydantic adds, not keys
+        else:
+            out += f".{part}" if out else part
+    return out or "(top level)"
+
+
+def _problems(exc: ValidationError) -> list[tuple[str, str]]:
+    seen: dict[str, str] = {}
+    for err in exc.errors(include_url=False):
+        key = _key(tuple(err["loc"]))
+        msg = str(err["msg"])
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        msg = msg.replace("Input should be", "should be")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check its spelling and section)"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        if key not in seen:
+            seen[key] = msg
+        elif msg not in seen[key]:
+            seen[key] = f"{seen[key]}; or {msg}"
+    return list(seen.items())
+
+
+def parse_config(
+    data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None
+) -> PipelineConfig:
+    """Validate a configuration mapping; relative lake paths are taken from ``base_dir``."""
+    try:
+        config = PipelineConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(_problems(exc), source=source) from None
+    if base_dir is not None and not config.lake.path.is_absolute():
+        lake = config.lake.model_copy(update={"path": (base_dir / config.lake.path).resolve()})
+        config = config.model_copy(update={"lake": lake})
+    problems: list[tuple[str, str]] = []
+    seen: dict[str, int] = {}
+    for i, table in enumerate(config.tables):
+        if table.name in seen:
+            problems.append(
+                (f"tables[{i}].name", f"{table.name!r} is already tables[{seen[table.name]}]")
+            )
+        seen.setdefault(table.name, i)
+    if problems:
+        raise ConfigError(problems, source=source)
+    return config
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a ``pipeline.toml``."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([("(file)", f"cannot read {file}: {exc.strerror}")]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([("(syntax)", str(exc))], source=str(file)) from None
+    return parse_config(data, base_dir=file.resolve().parent, source=str(file))

@@ -1,0 +1,279 @@
+"""The history (SCD type 2): one row per version of each key, with its validity.
+
+A version starts at the commit of the transaction that wrote it (``__start_lsn``,
+``__start_at``; ``__start_op`` 'I' if the transaction inserted the key, 'U' if it updated it,
+'S' for rows of the initial snapshot) and ends at the commit of the next transaction that changed
+or deleted the key or truncated the table (``__end_lsn``, ``__end_at``, ``__end_op`` 'U', 'D' or
+'T'); the current version has ``__end_lsn`` NULL and ``__is_current`` true. A deleted key has
+no current version. Several changes of one key in one transaction make one version (the
+transaction's final state), so the history does not depend on how changes were batched.
+
+Per micro-batch and table (Spark): events (key changes split, unchanged TOAST resolved) are
+collapsed per key and transaction; each surviving state becomes a version row whose end is the
+key's next transaction in the batch or the next TRUNCATE, whichever comes first; changes in a
+transaction before a TRUNCATE in the same transaction never existed for readers and are dropped.
+Per key, one *close* row ends the version current before the batch. Then one delta-rs MERGE in
+one commit (tagged with the batch's application transaction): close rows update the matching
+current version, version rows are inserted, and with a TRUNCATE in the batch every other
+current version is closed at the first TRUNCATE.
+
+An unchanged TOAST value that no earlier change of the batch carried is taken from the key's
+current version in the history table (read with pyarrow before the MERGE).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from pgcdc.lake.changes import (
+    EV_KEY,
+    EV_LSN,
+    EV_OP,
+    EV_POS,
+    EV_ROOT,
+    EV_SEQ,
+    EV_TIME,
+    TableOverview,
+    keep_column,
+    value_column,
+)
+from pgcdc.lake.mirror import SRC, TGT, sql_name
+from pgcdc.lake.schema_evolution import Defaults, evolve
+from pgcdc.lake.tables import (
+    END_AT,
+    END_LSN,
+    END_OP,
+    IS_CURRENT,
+    START_AT,
+    START_LSN,
+    START_OP,
+    LakeTable,
+)
+from pgcdc.lake.toast import KEEP_PREFIX, ROOT_PREFIX, fill_from_stored, keep_flag, root_column
+from pgcdc.lake.writer import DeltaTarget, cast_to, commit_properties
+
+__all__ = ["ACTION", "history_rows", "history_schema", "merge_history"]
+
+log = logging.getLogger("pgcdc.lake")
+
+ACTION = "__pgcdc_action"
+HISTORY_FIELDS = (
+    pa.field(START_LSN, pa.int64()),
+    pa.field(START_AT, pa.timestamp("us", tz="UTC")),
+    pa.field(END_LSN, pa.int64()),
+    pa.field(END_AT, pa.timestamp("us", tz="UTC")),
+    pa.field(IS_CURRENT, pa.bool_()),
+    pa.field(START_OP, pa.string()),
+    pa.field(END_OP, pa.string()),
+)
+
+
+def history_rows(
+    resolved: Any, table: LakeTable, columns: Sequence[str], overview: TableOverview
+) -> Any:
+    """The MERGE source (a Spark DataFrame) of version rows and close rows."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    events = resolved
+    truncates = overview.truncates
+    voided = None
+    for t in truncates:
+        cond = (F.col(EV_LSN) == F.lit(t.lsn)) & (F.col(EV_POS) < F.lit(t.position))
+        voided = cond if voided is None else voided | cond
+    if voided is not None:
+        events = events.where(~voided)
+
+    payload = [c for c in events.columns if c not in (EV_KEY, EV_LSN)]
+    collapsed = events.groupBy(EV_KEY, EV_LSN).agg(
+        F.max_by(F.struct(*[F.col(c) for c in payload]), EV_SEQ).alias("r"),
+        F.min_by(F.col(EV_OP), EV_SEQ).alias("first_op"),
+    )
+    by_key = Window.partitionBy(EV_KEY).orderBy(EV_LSN)
+    r = F.col("r")
+    lsn = F.col(EV_LSN)
+    stepped = collapsed.select(
+        F.col(EV_KEY),
+        lsn,
+        r,
+        F.col("first_op"),
+        F.lead(lsn).over(by_key).alias("next_lsn"),
+        F.lead(r.getField(EV_TIME)).over(by_key).alias("next_time"),
+        F.lead(F.col("first_op")).over(by_key).alias("next_first_op"),
+        F.row_number().over(by_key).alias("n"),
+    )
+
+    trunc_lsn: Any = F.lit(None).cast("long")
+    trunc_time: Any = F.lit(None).cast("timestamp")
+    if truncates:
+        lsn_case = None
+        time_case = None
+        for t in truncates:  # the first TRUNCATE after the version's commit
+            when = lsn < F.lit(t.lsn)
+            at = F.lit(t.commit_time).cast("timestamp")
+            lsn_case = (
+                F.when(when, F.lit(t.lsn)) if lsn_case is None else lsn_case.when(when, t.lsn)
+            )
+            time_case = F.when(when, at) if time_case is None else time_case.when(when, at)
+        assert lsn_case is not None and time_case is not None
+        trunc_lsn, trunc_time = lsn_case, time_case
+
+    next_lsn = F.col("next_lsn")
+    by_trunc = trunc_lsn.isNotNull() & (next_lsn.isNull() | (trunc_lsn <= next_lsn))
+    end_lsn = F.when(by_trunc, trunc_lsn).otherwise(next_lsn)
+    version_cols = []
+    for i, name in enumerate(columns):
+        if name in table.keys:
+            version_cols.append(F.col(EV_KEY).getField(name).alias(name))
+        else:
+            version_cols.append(r.getField(value_column(i)).alias(name))
+    keeps = [
+        i
+        for i, name in enumerate(columns)
+        if name in overview.unchanged_columns and name not in table.keys
+    ]
+    versions = stepped.where(r.getField(EV_OP) != "D").select(
+        *version_cols,
+        lsn.alias(START_LSN),
+        r.getField(EV_TIME).alias(START_AT),
+        end_lsn.alias(END_LSN),
+        F.when(by_trunc, trunc_time).otherwise(F.col("next_time")).alias(END_AT),
+        end_lsn.isNull().alias(IS_CURRENT),
+        F.when(F.col("first_op") == "I", "I").otherwise("U").alias(START_OP),
+        F.when(by_trunc, "T")
+        .when(next_lsn.isNull(), F.lit(None).cast("string"))
+        .when(F.col("next_first_op") == "D", "D")
+        .otherwise("U")
+        .alias(END_OP),
+        F.lit("insert").alias(ACTION),
+        *[r.getField(keep_column(i)).alias(keep_flag(i)) for i in keeps],
+        *[
+            r.getField(EV_ROOT).getField(k).alias(root_column(j))
+            for j, k in enumerate(table.keys)
+            if keeps
+        ],
+    )
+
+    first_trunc = truncates[0] if truncates else None
+    if first_trunc is not None:
+        close_by_trunc = lsn >= F.lit(first_trunc.lsn)
+        close_lsn = F.when(close_by_trunc, F.lit(first_trunc.lsn)).otherwise(lsn)
+        close_at = F.when(
+            close_by_trunc, F.lit(first_trunc.commit_time).cast("timestamp")
+        ).otherwise(r.getField(EV_TIME))
+        close_op = F.when(close_by_trunc, "T").when(F.col("first_op") == "D", "D").otherwise("U")
+    else:
+        close_lsn = lsn
+        close_at = r.getField(EV_TIME)
+        close_op = F.when(F.col("first_op") == "D", "D").otherwise("U")
+    close_cols = []
+    for name in columns:
+        if name in table.keys:
+            close_cols.append(F.col(EV_KEY).getField(name).alias(name))
+        else:
+            close_cols.append(F.lit(None).alias(name))
+    closes = stepped.where(F.col("n") == 1).select(
+        *close_cols,
+        F.lit(None).cast("long").alias(START_LSN),
+        F.lit(None).cast("timestamp").alias(START_AT),
+        close_lsn.alias(END_LSN),
+        close_at.alias(END_AT),
+        F.lit(False).alias(IS_CURRENT),
+        F.lit(None).cast("string").alias(START_OP),
+        close_op.alias(END_OP),
+        F.lit("close").alias(ACTION),
+        *[F.lit(False).alias(keep_flag(i)) for i in keeps],
+        *[
+            F.col(EV_KEY).getField(k).alias(root_column(j))
+            for j, k in enumerate(table.keys)
+            if keeps
+        ],
+    )
+    return versions.unionByName(closes, allowMissingColumns=False)
+
+
+def history_schema(source_schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    return pa.schema([source_schema.field(c) for c in columns] + list(HISTORY_FIELDS))
+
+
+def _timestamp_literal(value: datetime | None) -> str:
+    if value is None:
+        return "NULL"
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    text = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return f"CAST('{text}' AS TIMESTAMP)"
+
+
+def merge_history(
+    target: DeltaTarget,
+    source: pa.Table,
+    table: LakeTable,
+    columns: Sequence[str],
+    overview: TableOverview,
+    *,
+    app_id: str,
+    version: int,
+    metadata: dict[str, Any] | None = None,
+    defaults: Defaults | None = None,
+) -> dict[str, Any]:
+    """Apply a batch's ``history_rows`` to the history table in one commit."""
+    what = f"{table.table_id} history"
+    delta = evolve(
+        target,
+        history_schema(source.schema, columns),
+        drop_missing=False,
+        what=what,
+        defaults=defaults,
+        defaults_where=IS_CURRENT,
+    )
+    source = fill_from_stored(target, source, table, columns, current_only=True, foreign_only=False)
+    source = source.drop_columns(
+        [n for n in source.column_names if n.startswith((KEEP_PREFIX, ROOT_PREFIX))]
+    )
+    source = cast_to(source, pa.schema(delta.schema().to_arrow()))
+    keys = " AND ".join(
+        f"({TGT}.{sql_name(k)} {'IS NOT DISTINCT FROM' if table.replica_identity == 'f' else '='} "
+        f"{SRC}.{sql_name(k)})"
+        for k in table.keys
+    )
+    predicate = f"{SRC}.{ACTION} = 'close' AND {TGT}.{sql_name(IS_CURRENT)} AND {keys}"
+    closing = {
+        sql_name(END_LSN): f"{SRC}.{sql_name(END_LSN)}",
+        sql_name(END_AT): f"{SRC}.{sql_name(END_AT)}",
+        sql_name(END_OP): f"{SRC}.{sql_name(END_OP)}",
+        sql_name(IS_CURRENT): "false",
+    }
+    inserts = {
+        sql_name(name): f"{SRC}.{sql_name(name)}" for name in source.column_names if name != ACTION
+    }
+    merger = (
+        delta.merge(
+            source,
+            predicate=predicate,
+            source_alias=SRC,
+            target_alias=TGT,
+            commit_properties=commit_properties(app_id, version, metadata),
+        )
+        .when_matched_update(updates=closing)
+        .when_not_matched_insert(updates=inserts, predicate=f"{SRC}.{ACTION} = 'insert'")
+    )
+    first = overview.truncates[0] if overview.truncates else None
+    if first is not None:
+        merger = merger.when_not_matched_by_source_update(
+            updates={
+                sql_name(END_LSN): str(first.lsn),
+                sql_name(END_AT): _timestamp_literal(first.commit_time),
+                sql_name(END_OP): "'T'",
+                sql_name(IS_CURRENT): "false",
+            },
+            predicate=f"{TGT}.{sql_name(IS_CURRENT)}",
+        )
+    metrics = merger.execute()
+    log.debug("history %s: %s", table.table_id, metrics)
+    return metrics

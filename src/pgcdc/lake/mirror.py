@@ -1,0 +1,179 @@
+"""The mirror (SCD type 1): one row per key, as the source table has it.
+
+Per micro-batch and table (Spark):
+
+1. events (``changes.table_events``), key-changing updates split into delete + upsert;
+2. a TRUNCATE voids every earlier event of the batch for the table (only the events after the
+   last TRUNCATE are kept) and empties the table;
+3. unchanged TOAST values are taken from the latest earlier event of the key in the batch;
+4. per key, the last event by ``(commit LSN, position)`` wins: a delete removes the row, an
+   insert or update writes it.
+
+Then one delta-rs MERGE, in a single commit tagged with the batch's application transaction:
+delete matched keys whose last event is a delete; update matched rows (a column no event of the
+batch carried keeps its stored value: ``CASE WHEN keep THEN target ELSE source``); insert the
+others; and, if the batch truncated the table, delete every row no event of the batch wrote
+(``WHEN NOT MATCHED BY SOURCE``), so the emptying and the changes after it are one commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from pgcdc.lake.changes import (
+    EV_KEY,
+    EV_LSN,
+    EV_OP,
+    EV_POS,
+    EV_ROOT,
+    EV_SEQ,
+    EV_TIME,
+    TableOverview,
+    keep_column,
+    value_column,
+)
+from pgcdc.lake.schema_evolution import Defaults, evolve
+from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME, LakeTable
+from pgcdc.lake.toast import KEEP_PREFIX, ROOT_PREFIX, fill_from_stored, keep_flag, root_column
+from pgcdc.lake.writer import DeltaTarget, cast_to, commit_properties
+
+__all__ = ["OP_COLUMN", "SRC", "TGT", "merge_mirror", "mirror_rows", "sql_name"]
+
+log = logging.getLogger("pgcdc.lake")
+
+OP_COLUMN = "__pgcdc_op"
+#: MERGE aliases of the source and the target: no source column can have these names
+SRC = "__pgcdc_src"
+TGT = "__pgcdc_tgt"
+
+
+def sql_name(name: str) -> str:
+    """A column name quoted for delta-rs (DataFusion) expressions."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def after_truncate(overview: TableOverview) -> Any | None:
+    """Condition keeping the events after the batch's last TRUNCATE of the table, if any."""
+    from pyspark.sql import functions as F
+
+    last = overview.last_truncate
+    if last is None:
+        return None
+    return (F.col(EV_LSN) > F.lit(last.lsn)) | (
+        (F.col(EV_LSN) == F.lit(last.lsn)) & (F.col(EV_POS) > F.lit(last.position))
+    )
+
+
+def mirror_rows(
+    resolved: Any, table: LakeTable, columns: Sequence[str], overview: TableOverview
+) -> Any:
+    """The MERGE source (a Spark DataFrame): per key its final state in the batch.
+
+    Columns: the table's columns, ``__commit_lsn``, ``__commit_time``, ``__pgcdc_op`` ('D' or
+    'U') and ``__pgcdc_keep_<i>`` for each column that arrived as unchanged TOAST.
+    """
+    from pyspark.sql import functions as F
+
+    events = resolved
+    keep = after_truncate(overview)
+    if keep is not None:
+        events = events.where(keep)
+    last = events.groupBy(EV_KEY).agg(
+        F.max_by(F.struct(*[F.col(c) for c in events.columns if c != EV_KEY]), EV_SEQ).alias("r")
+    )
+    r = F.col("r")
+    out = []
+    for i, name in enumerate(columns):
+        if name in table.keys:
+            out.append(F.col(EV_KEY).getField(name).alias(name))
+        else:
+            out.append(r.getField(value_column(i)).alias(name))
+    out.append(r.getField(EV_LSN).alias(COMMIT_LSN))
+    out.append(r.getField(EV_TIME).alias(COMMIT_TIME))
+    out.append(F.when(r.getField(EV_OP) == "D", "D").otherwise("U").alias(OP_COLUMN))
+    if any(name in overview.unchanged_columns for name in columns if name not in table.keys):
+        for i, name in enumerate(columns):
+            if name in overview.unchanged_columns and name not in table.keys:
+                out.append(r.getField(keep_column(i)).alias(keep_flag(i)))
+        for j, key in enumerate(table.keys):
+            out.append(r.getField(EV_ROOT).getField(key).alias(root_column(j)))
+    return last.select(*out)
+
+
+def mirror_schema(source_schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
+    """The mirror's schema for a MERGE source of ``mirror_rows``."""
+    fields = [source_schema.field(c) for c in columns]
+    fields.append(pa.field(COMMIT_LSN, pa.int64()))
+    fields.append(pa.field(COMMIT_TIME, pa.timestamp("us", tz="UTC")))
+    return pa.schema(fields)
+
+
+def merge_mirror(
+    target: DeltaTarget,
+    source: pa.Table,
+    table: LakeTable,
+    columns: Sequence[str],
+    *,
+    truncated: bool,
+    app_id: str,
+    version: int,
+    metadata: dict[str, Any] | None = None,
+    defaults: Defaults | None = None,
+) -> dict[str, Any]:
+    """Apply a batch's ``mirror_rows`` to the mirror in one commit; the MERGE metrics."""
+    what = f"{table.table_id} mirror"
+    delta = evolve(
+        target,
+        mirror_schema(source.schema, columns),
+        drop_missing=True,
+        what=what,
+        defaults=defaults,
+    )
+    target_schema = pa.schema(delta.schema().to_arrow())
+    source = cast_to(source, target_schema)
+    source = fill_from_stored(target, source, table, columns, current_only=False, foreign_only=True)
+    source = source.drop_columns([n for n in source.column_names if n.startswith(ROOT_PREFIX)])
+    key_match = " AND ".join(
+        f"({TGT}.{sql_name(k)} {'IS NOT DISTINCT FROM' if table.replica_identity == 'f' else '='} "
+        f"{SRC}.{sql_name(k)})"
+        for k in table.keys
+    )
+    keep = {name for name in source.column_names if name.startswith(KEEP_PREFIX)}
+    updates: dict[str, str] = {}
+    for i, name in enumerate(columns):
+        if name in table.keys:
+            continue
+        flag = keep_flag(i)
+        if flag in keep:
+            column = sql_name(name)
+            updates[column] = (
+                f"CASE WHEN {SRC}.{sql_name(flag)} THEN {TGT}.{column} ELSE {SRC}.{column} END"
+            )
+        else:
+            updates[sql_name(name)] = f"{SRC}.{sql_name(name)}"
+    for name in (COMMIT_LSN, COMMIT_TIME):
+        updates[sql_name(name)] = f"{SRC}.{sql_name(name)}"
+    inserts = {
+        sql_name(name): f"{SRC}.{sql_name(name)}" for name in [*columns, COMMIT_LSN, COMMIT_TIME]
+    }
+    merger = (
+        delta.merge(
+            source,
+            predicate=key_match,
+            source_alias=SRC,
+            target_alias=TGT,
+            commit_properties=commit_properties(app_id, version, metadata),
+        )
+        .when_matched_delete(predicate=f"{SRC}.{OP_COLUMN} = 'D'")
+        .when_matched_update(updates=updates, predicate=f"{SRC}.{OP_COLUMN} <> 'D'")
+        .when_not_matched_insert(updates=inserts, predicate=f"{SRC}.{OP_COLUMN} <> 'D'")
+    )
+    if truncated:
+        merger = merger.when_not_matched_by_source_delete()
+    metrics = merger.execute()
+    log.debug("mirror %s: %s", table.table_id, metrics)
+    return metrics

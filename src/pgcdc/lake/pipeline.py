@@ -1,0 +1,472 @@
+"""``pgcdc run``: the pipeline from PostgreSQL to the lake, first start and every later one.
+
+First start (no state under ``<lake>/_pgcdc``):
+
+1. the configuration is checked against the source (``catalog.plan_source``), creating
+   nothing;
+2. the state is saved (generation 1, snapshot not done), the publication created (with its row
+   filters) and the slot created with an exported snapshot;
+3. the snapshot is copied in parallel (``snapshot.write_snapshot``), the exported snapshot
+   released, and the state saved with ``snapshot_done``;
+4. the stream starts at the slot's consistent point.
+
+Later starts resume the stream from its checkpoint (``<lake>/_pgcdc/checkpoint-<generation>``):
+batches Spark planned but did not commit are read again and skipped where the lake already has
+them (Delta application transactions). A start that finds an unfinished snapshot drops the slot
+and copies again (the next generation). The stream runs with ``foreachBatch``
+(``batch.LakeBatchWriter``); when the source raises ``pgcdc.spark.SchemaChanged`` (a column
+added or retyped), the query is defined again, which reads the new schema from the catalog, and
+restarted on the same checkpoint.
+
+``until_caught_up`` runs the stream with ``Trigger.AvailableNow``: everything committed before
+the start is applied, then ``run`` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+
+from pgcdc.lake.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
+from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source, source_columns
+from pgcdc.lake.config import ConfigError, PipelineConfig
+from pgcdc.lake.schema_evolution import evolve
+from pgcdc.lake.snapshot import remove_tables, write_snapshot
+from pgcdc.lake.state import PipelineState, load_state, save_state
+from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout
+from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lsn import Lsn
+from pgcdc.replication import (
+    create_slot_with_snapshot,
+    drop_slot,
+    scrub_secrets,
+    slot_info,
+)
+from pgcdc.replication.database import connect_sql
+
+__all__ = ["Pipeline", "PipelineError", "RunResult"]
+
+log = logging.getLogger("pgcdc.lake")
+
+#: A query restarted this often in a row for schema changes means something else is wrong.
+MAX_SCHEMA_RESTARTS = 50
+
+
+class PipelineError(RuntimeError):
+    """The pipeline cannot start or continue; the message names the cause and the fix."""
+
+
+@dataclass(slots=True)
+class RunResult:
+    snapshot_rows: dict[str, int] = field(default_factory=dict)
+    snapshot_seconds: float = 0.0
+    batches: int = 0
+    changes: int = 0
+    restarts: int = 0
+    resumed: bool = False
+
+
+def _server_identity(dsn: str) -> tuple[str, str]:
+    with connect_sql(dsn) as conn:
+        row = conn.execute(
+            "SELECT system_identifier::text, current_database()::text FROM pg_control_system()"
+        ).fetchone()
+    assert row is not None
+    return str(row[0]), str(row[1])
+
+
+class Pipeline:
+    """One configured pipeline; ``run`` starts (or resumes) it."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        *,
+        spark: Any | None = None,
+        fail_after_commits: int | None = None,
+    ) -> None:
+        """``spark``: a session to use (default: one from ``[spark]``);
+        ``fail_after_commits``: fault injection for tests (each batch fails after this many
+        Delta commits)."""
+        self.config = config
+        self._fail_after = fail_after_commits
+        self.layout = LakeLayout(config.lake.path)
+        self._spark = spark
+        self._query: Any | None = None
+        self._stop = threading.Event()
+        self.state: PipelineState | None = None
+        self.plan: SourcePlan | None = None
+        self.restarts = 0  # queries restarted for schema changes
+
+    # -- setup -----------------------------------------------------------------------------
+
+    @property
+    def dsn(self) -> str:
+        return self.config.source.resolved_dsn()
+
+    def spark(self) -> Any:
+        if self._spark is None:
+            from pgcdc.spark import spark_session
+
+            conf = dict(self.config.spark.conf)
+            if self.config.spark.driver_host:
+                conf.setdefault("spark.driver.host", self.config.spark.driver_host)
+            self._spark = spark_session(
+                master=self.config.spark.master, app_name=self.config.spark.app_name, conf=conf
+            )
+        return self._spark
+
+    def check(self) -> SourcePlan:
+        """Validate the configuration against the source and the lake; creates nothing."""
+        dsn = self.dsn
+        plan = plan_source(dsn, self.config)
+        state = load_state(self.layout)
+        system_id, database = _server_identity(dsn)
+        if state is not None:
+            problems: list[tuple[str, str]] = []
+            if state.system_identifier != system_id or state.database != database:
+                problems.append(
+                    (
+                        "source.dsn",
+                        f"the lake {self.layout.root} mirrors database {state.database!r} of "
+                        f"server {state.system_identifier}, not {database!r} of {system_id}: "
+                        "point lake.path at a new folder for this source",
+                    )
+                )
+            if state.slot != self.config.source.slot:
+                problems.append(
+                    (
+                        "source.slot",
+                        f"the lake's pipeline uses slot {state.slot!r}: keep that name, or "
+                        "start a new lake",
+                    )
+                )
+            if state.publication != self.config.source.publication:
+                problems.append(
+                    (
+                        "source.publication",
+                        f"the lake's pipeline uses publication {state.publication!r}: keep "
+                        "that name, or start a new lake",
+                    )
+                )
+            wanted = tuple(sorted(t.table_id for t in plan.tables))
+            if state.snapshot_done and tuple(sorted(state.tables)) != wanted:
+                added = sorted(set(wanted) - set(state.tables))
+                removed = sorted(set(state.tables) - set(wanted))
+                what = []
+                if added:
+                    what.append("adds " + ", ".join(added))
+                if removed:
+                    what.append("removes " + ", ".join(removed))
+                problems.append(
+                    (
+                        "tables",
+                        f"the configuration {' and '.join(what)} compared to the running "
+                        "pipeline; changing the table set of a pipeline is not supported: "
+                        "restore the table list, or mirror the new tables with a new pipeline "
+                        "(another slot, publication and lake path)",
+                    )
+                )
+            if problems:
+                raise ConfigError(problems)
+        self.state = state
+        self.plan = plan
+        return plan
+
+    def drop_gone_columns(self) -> None:
+        """Remove from the mirrors the columns their source tables no longer have.
+
+        A dropped column stays in the running query's schema (its later values are NULL); this
+        runs when a query starts and when an ``until_caught_up`` run ends. Histories and
+        changelogs keep such columns (old rows keep their values).
+        """
+        plan = self.plan
+        if plan is None:
+            return
+        for table in plan.tables:
+            target = DeltaTarget(table.path(self.layout, "mirror"))
+            schema = target.arrow_schema()
+            if schema is None:
+                continue
+            present = set(source_columns(self.dsn, table)) | set(MIRROR_COLUMNS)
+            gone = [name for name in schema.names if name not in present]
+            if gone:
+                keep = pa.schema([f for f in schema if f.name not in gone])
+                evolve(target, keep, drop_missing=True, what=f"{table.table_id} mirror")
+
+    # -- run -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask a running ``run`` to stop once the current batch is done (thread-safe)."""
+        self._stop.set()
+
+    @property
+    def progress(self) -> Progress | None:
+        state = self.state
+        return None if state is None else PROGRESS.get(state.stream_app_id)
+
+    @property
+    def query(self) -> Any | None:
+        return self._query
+
+    def run(
+        self,
+        *,
+        until_caught_up: bool = False,
+        on_started: Callable[[Pipeline], None] | None = None,
+    ) -> RunResult:
+        """Start or resume the pipeline; returns when caught up (or stopped)."""
+        plan = self.check() if self.plan is None else self.plan
+        result = RunResult()
+        state = self.state
+        dsn = self.dsn
+        slot = slot_info(dsn, self.config.source.slot)
+        if state is None and slot is not None:
+            raise ConfigError(
+                [
+                    (
+                        "source.slot",
+                        f"slot {slot.name!r} exists but the lake {self.layout.root} has no "
+                        "pipeline state: another pipeline uses the slot, or this lake was "
+                        "lost; choose another slot name, or drop the slot "
+                        f"(SELECT pg_drop_replication_slot('{slot.name}')) to copy everything "
+                        "again",
+                    )
+                ]
+            )
+        if state is not None and state.snapshot_done:
+            if slot is None:
+                raise PipelineError(
+                    f"slot {self.config.source.slot!r} is gone from the source, so the changes "
+                    f"since {state.consistent_point} cannot be streamed; to copy everything "
+                    f"again, move the lake {self.layout.root} away and run again"
+                )
+            if slot.lost:
+                raise PipelineError(
+                    f"slot {slot.name!r} was invalidated (wal_status {slot.wal_status!r}): the "
+                    "WAL it needed is gone; move the lake away, drop the slot and run again to "
+                    "copy everything again (raise max_slot_wal_keep_size to avoid this)"
+                )
+            result.resumed = True
+            log.info(
+                "resuming pipeline %s (generation %s) at slot %s, confirmed up to %s",
+                state.pipeline_id,
+                state.generation,
+                slot.name,
+                slot.confirmed_flush_lsn,
+            )
+        else:
+            state = self._snapshot(plan, state, slot is not None, result)
+        self.state = state
+        progress = PROGRESS.setdefault(state.stream_app_id, Progress())
+        batches, changes = progress.batches, progress.changes
+        self._stream(plan, state, until_caught_up, result, on_started)
+        result.batches = progress.batches - batches
+        result.changes = progress.changes - changes
+        return result
+
+    def _snapshot(
+        self,
+        plan: SourcePlan,
+        previous: PipelineState | None,
+        slot_exists: bool,
+        result: RunResult,
+    ) -> PipelineState:
+        dsn = self.dsn
+        source = self.config.source
+        tables = tuple(sorted(t.table_id for t in plan.tables))
+        if previous is None:
+            system_id, database = _server_identity(dsn)
+            state = PipelineState.new(
+                system_identifier=system_id,
+                database=database,
+                slot=source.slot,
+                publication=source.publication,
+                tables=tables,
+            )
+        else:
+            log.warning(
+                "the initial snapshot of generation %s did not finish: copying again",
+                previous.generation,
+            )
+            if slot_exists:
+                drop_slot(dsn, source.slot, terminate_active=True)
+            remove_tables(self.layout, plan.tables)
+            state = previous.evolve(
+                generation=previous.generation + 1,
+                tables=tables,
+                consistent_point=None,
+                snapshot_done=False,
+                snapshot_rows={},
+            )
+        save_state(self.layout, state)
+        ensure_publication(dsn, self.config, plan)
+        started = time.monotonic()
+        spark = self.spark()
+        from pgcdc.spark import read_snapshot
+
+        with create_slot_with_snapshot(
+            dsn, source.slot, connect_timeout=source.connect_timeout
+        ) as exported:
+            started_at = datetime.now(UTC)
+            state = state.evolve(
+                consistent_point=str(exported.consistent_point),
+                snapshot_started_at=started_at.isoformat(),
+            )
+            save_state(self.layout, state)
+            log.info(
+                "copying %s tables at %s (snapshot %s)",
+                len(plan.tables),
+                exported.consistent_point,
+                exported.snapshot_name,
+            )
+            options: dict[str, Any] = {}
+            partitions = self.config.stream.snapshot_partitions_per_table
+            if partitions is not None:
+                options["partitionsPerTable"] = partitions
+            try:
+                df = read_snapshot(
+                    spark, dsn, exported=exported, publications=[source.publication], **options
+                )
+                snapshot = write_snapshot(
+                    df,
+                    self.layout,
+                    plan.tables,
+                    dict(table_column_pairs(plan.tables)),
+                    consistent_point=Lsn(exported.consistent_point),
+                    started_at=started_at,
+                    app_id=state.snapshot_app_id,
+                    generation=state.generation,
+                )
+            except Exception as exc:
+                raise PipelineError(
+                    f"the initial copy failed: {scrub_secrets(_first_line(exc))}; the next "
+                    "start copies everything again"
+                ) from exc
+        state = state.evolve(snapshot_done=True, snapshot_rows=dict(snapshot.rows))
+        save_state(self.layout, state)
+        result.snapshot_rows = dict(snapshot.rows)
+        result.snapshot_seconds = time.monotonic() - started
+        log.info(
+            "snapshot done: %s rows of %s tables in %.1f s",
+            sum(snapshot.rows.values()),
+            len(snapshot.rows),
+            result.snapshot_seconds,
+        )
+        return state
+
+    def _stream(
+        self,
+        plan: SourcePlan,
+        state: PipelineState,
+        until_caught_up: bool,
+        result: RunResult,
+        on_started: Callable[[Pipeline], None] | None,
+    ) -> None:
+        from pgcdc.spark import is_schema_changed, read_stream
+
+        source = self.config.source
+        stream = self.config.stream
+        checkpoint = state.checkpoint(self.layout)
+        writer = LakeBatchWriter(
+            lake=str(self.layout.root),
+            tables=plan.tables,
+            table_columns=table_column_pairs(plan.tables),
+            app_id=state.stream_app_id,
+            dsn=self.dsn,
+            fail_after=self._fail_after,
+        )
+        self.drop_gone_columns()
+        options: dict[str, Any] = {}
+        if stream.max_changes_per_trigger is not None:
+            options["maxChangesPerTrigger"] = stream.max_changes_per_trigger
+        if stream.max_bytes_per_trigger is not None:
+            options["maxBytesPerTrigger"] = stream.max_bytes_per_trigger
+        restarts = 0
+        while not self._stop.is_set():
+            spark = self.spark()
+            df = read_stream(spark, self.dsn, source.slot, [source.publication], **options)
+            query_writer = df.writeStream.foreachBatch(writer).option(
+                "checkpointLocation", str(checkpoint)
+            )
+            if until_caught_up:
+                query_writer = query_writer.trigger(availableNow=True)
+            else:
+                query_writer = query_writer.trigger(
+                    processingTime=f"{stream.trigger_interval:g} seconds"
+                )
+            query = query_writer.queryName(f"pgcdc_{source.slot}").start()
+            self._query = query
+            log.info(
+                "stream started (query %s, checkpoint %s, %s)",
+                query.id,
+                checkpoint,
+                "until caught up" if until_caught_up else "continuous",
+            )
+            if on_started is not None and restarts == 0:
+                on_started(self)
+            error: BaseException | None
+            try:
+                while not query.awaitTermination(1):
+                    if self._stop.is_set():
+                        _stop_between_batches(query)
+                        break
+                error = query.exception()
+            except Exception as exc:  # awaitTermination raises the query's failure
+                error = exc
+            finally:
+                self._query = None
+            if error is None:
+                if until_caught_up:
+                    self.drop_gone_columns()
+                return
+            if is_schema_changed(error) and restarts < MAX_SCHEMA_RESTARTS:
+                restarts += 1
+                result.restarts = restarts
+                self.restarts += 1
+                log.info("schema change in the source: restarting the query (%s)", restarts)
+                continue
+            raise PipelineError(
+                f"the stream failed: {scrub_secrets(_first_line(error))}"
+            ) from error
+
+
+def _stop_between_batches(query: Any, timeout: float = 300.0) -> None:
+    """Stop a query when no batch is running (stopping mid-batch interrupts its commits)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            active = bool(query.status.get("isTriggerActive"))
+        except Exception:  # pragma: no cover - a query that already ended
+            break
+        if not active:
+            break
+        time.sleep(0.2)
+    query.stop()
+
+
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Changed|Exit)): .+")
+
+
+def _first_line(error: BaseException) -> str:
+    """What failed, in one line: the Python exception a Spark error wraps, if any."""
+    text = str(error).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    if raised:
+        return raised[-1][:2000]
+    return lines[0][:2000] if lines else type(error).__name__
+
+
+def source_connection(config: PipelineConfig) -> psycopg.Connection[Any]:
+    """An autocommit connection to the configured source (for checks and verification)."""
+    return connect_sql(config.source.resolved_dsn())

@@ -1,0 +1,164 @@
+"""The lake's layout: which Delta table lives where, and the metadata columns pgcdc adds.
+
+Per source table ``schema.table`` (names encoded by ``encode_name``):
+
+* ``<lake>/<schema>/<table>``: the mirror (SCD type 1);
+* ``<lake>/<schema>/<table>.history``: the history (SCD type 2), if enabled;
+* ``<lake>/<schema>/<table>.changelog``: the change log, if enabled;
+* ``<lake>/_pgcdc/``: the pipeline's own state (``state.json``, the streaming checkpoint).
+
+``encode_name`` keeps ASCII letters, digits, ``_`` and ``-`` and non-ASCII letters and digits,
+and writes every other character (and a leading ``_``) as ``~`` plus the hex digits of its UTF-8
+bytes: ``my table`` -> ``my~20table``, ``a.b`` -> ``a~2Eb``, ``_x`` -> ``~5Fx``. So no table path
+is ever ``.``/``..``, contains a separator, or collides with ``_pgcdc`` or a ``.history`` /
+``.changelog`` suffix, and it needs no ``%`` (which delta-rs would decode as URL escapes).
+
+pgcdc's own columns start with two underscores (the convention Databricks' AUTO CDC uses for
+``__START_AT`` / ``__END_AT``); a source column with one of these exact names is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+__all__ = [
+    "CHANGELOG_COLUMNS",
+    "HISTORY_COLUMNS",
+    "MIRROR_COLUMNS",
+    "RESERVED_COLUMNS",
+    "RESERVED_PREFIX",
+    "LakeLayout",
+    "LakeTable",
+    "TableKind",
+    "encode_name",
+    "reserved_column",
+]
+
+TableKind = Literal["mirror", "history", "changelog"]
+
+# mirror: the commit LSN and time of the change that last wrote the row
+COMMIT_LSN = "__commit_lsn"
+COMMIT_TIME = "__commit_time"
+MIRROR_COLUMNS = (COMMIT_LSN, COMMIT_TIME)
+
+# history: a version is valid from its start (inclusive) to its end (exclusive, NULL: current)
+START_LSN = "__start_lsn"
+START_AT = "__start_at"
+END_LSN = "__end_lsn"
+END_AT = "__end_at"
+IS_CURRENT = "__is_current"
+START_OP = "__start_op"
+END_OP = "__end_op"
+HISTORY_COLUMNS = (START_LSN, START_AT, END_LSN, END_AT, IS_CURRENT, START_OP, END_OP)
+
+# changelog: every change with its metadata
+OP = "__op"
+CL_COMMIT_LSN = "__commit_lsn"
+CL_COMMIT_LSN_TEXT = "__commit_lsn_text"
+CL_END_LSN = "__end_lsn"
+POSITION = "__position"
+XID = "__xid"
+CL_COMMIT_TIME = "__commit_time"
+OLD = "__old"
+OLD_KIND = "__old_kind"
+UNCHANGED = "__unchanged"
+CHANGELOG_COLUMNS = (
+    OP,
+    CL_COMMIT_LSN,
+    CL_COMMIT_LSN_TEXT,
+    CL_END_LSN,
+    POSITION,
+    XID,
+    CL_COMMIT_TIME,
+    OLD_KIND,
+    OLD,
+    UNCHANGED,
+)
+
+RESERVED_COLUMNS = frozenset(MIRROR_COLUMNS + HISTORY_COLUMNS + CHANGELOG_COLUMNS)
+#: pgcdc's working columns (MERGE sources) start with this; source columns may not
+RESERVED_PREFIX = "__pgcdc"
+
+
+def reserved_column(name: str) -> bool:
+    """Whether a source column's name clashes with pgcdc's metadata or working columns."""
+    return name in RESERVED_COLUMNS or name.startswith(RESERVED_PREFIX)
+
+
+def _keep(ch: str) -> bool:
+    if ch.isascii():
+        return ch.isalnum() or ch in "_-"
+    return ch.isalnum()
+
+
+def encode_name(name: str) -> str:
+    """A schema or table name as one safe path component (see the module docstring)."""
+    if not name:
+        raise ValueError("cannot encode an empty name")
+    out: list[str] = []
+    for i, ch in enumerate(name):
+        if _keep(ch) and not (i == 0 and ch == "_"):
+            out.append(ch)
+        else:
+            out.append("".join(f"~{b:02X}" for b in ch.encode("utf-8")))
+    return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class LakeLayout:
+    """Paths inside one lake folder."""
+
+    root: Path
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "_pgcdc"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def checkpoint_dir(self, generation: int) -> Path:
+        return self.state_dir / f"checkpoint-{generation}"
+
+    @property
+    def snapshot_dir(self) -> Path:
+        return self.state_dir / "snapshot"
+
+    def table_path(self, schema: str, table: str, kind: TableKind = "mirror") -> Path:
+        base = self.root / encode_name(schema) / encode_name(table)
+        if kind == "mirror":
+            return base
+        return base.with_name(f"{base.name}.{kind}")
+
+
+@dataclass(frozen=True, slots=True)
+class LakeTable:
+    """One source table as the lake sees it: its key, its row filter and its table kinds."""
+
+    schema: str
+    name: str
+    keys: tuple[str, ...]  # columns identifying a row (primary key / replica identity)
+    replica_identity: str  # 'd', 'i', 'f' (pg_class.relreplident)
+    row_filter: str | None = None  # the publication's row filter, as the server prints it
+    history: bool = False
+    changelog: bool = False
+    config_key: str | None = None  # e.g. "tables[2]", for error messages
+
+    @property
+    def table_id(self) -> str:
+        """``schema.table`` as the Spark source's ``_table_id`` column carries it."""
+        return f"{self.schema}.{self.name}"
+
+    def path(self, layout: LakeLayout, kind: TableKind = "mirror") -> Path:
+        return layout.table_path(self.schema, self.name, kind)
+
+    def kinds(self) -> tuple[TableKind, ...]:
+        kinds: list[TableKind] = ["mirror"]
+        if self.history:
+            kinds.append("history")
+        if self.changelog:
+            kinds.append("changelog")
+        return tuple(kinds)

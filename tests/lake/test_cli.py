@@ -1,0 +1,110 @@
+"""``pgcdc run`` and ``pgcdc demo`` as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgcdc.cli import main
+from tests.fix_pg import PgDatabase
+
+CONFIG = """
+[source]
+dsn = "{dsn}"
+slot = "cli_slot"
+publication = "cli_pub"
+
+[lake]
+path = "lake"
+history = true
+
+[spark]
+master = "local[2]"
+
+[[tables]]
+name = "{table}"
+{extra}
+"""
+
+
+def write_config(tmp_path: Path, pg: PgDatabase, table: str, extra: str = "") -> Path:
+    path = tmp_path / "pipeline.toml"
+    path.write_text(CONFIG.format(dsn=pg.dsn(), table=table, extra=extra))
+    return path
+
+
+def nothing_created(pg: PgDatabase, tmp_path: Path) -> None:
+    assert pg.execute("SELECT count(*) FROM pg_publication") == [(0,)]
+    assert pg.execute("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+    assert not (tmp_path / "lake").exists()
+
+
+def test_wrong_configuration_is_refused_before_anything_is_created(
+    pg: PgDatabase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
+    config = write_config(tmp_path, pg, "itemz")
+    assert main(["run", "--config", str(config), "--until-caught-up"]) == 2
+    err = capsys.readouterr().err
+    assert "tables[0].name" in err and "'itemz' names no table" in err
+    nothing_created(pg, tmp_path)
+
+    config = write_config(tmp_path, pg, "items", 'row_filter = "qty > 5"')
+    assert main(["run", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "tables[0].row_filter" in err and "replica identity" in err
+    nothing_created(pg, tmp_path)
+
+    config.write_text(config.read_text().replace('slot = "cli_slot"', 'slot = "Cli-Slot"'))
+    assert main(["run", "--config", str(config)]) == 2
+    assert "source.slot" in capsys.readouterr().err
+    nothing_created(pg, tmp_path)
+
+    config = write_config(tmp_path, pg, "items", 'row_filter = "id > 5"')
+    assert main(["run", "--config", str(config), "--check"]) == 0
+    assert "configuration OK: 1 tables (public.items), first start" in capsys.readouterr().err
+    nothing_created(pg, tmp_path)
+
+
+def test_run_until_caught_up_and_verify(
+    pg: PgDatabase, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
+    pg.execute("INSERT INTO items SELECT g, g % 7, 'n' || g FROM generate_series(1, 50) g")
+    config = write_config(tmp_path, pg, "items", 'row_filter = "id > 5"')
+    argv = ["run", "--config", str(config), "--until-caught-up", "--verify"]
+    assert main(argv) == 0
+    assert "public.items: equal; source 45 rows" in capsys.readouterr().err
+    pg.execute("UPDATE items SET qty = qty + 1 WHERE id % 2 = 0")
+    pg.execute("DELETE FROM items WHERE id > 40")
+    pg.execute("INSERT INTO items VALUES (100, 1, 'x'), (-3, 1, 'filtered out')")
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "public.items: equal; source 36 rows" in err
+    assert "stream: 1 batches" in err
+
+
+@pytest.mark.slow
+def test_demo(tmp_path: Path) -> None:
+    """The README's first command, end to end, in its own process (its own Spark)."""
+    env = dict(os.environ, COLUMNS="160")
+    done = subprocess.run(
+        [sys.executable, "-m", "pgcdc", "demo", "--seconds", "6", "--lake", str(tmp_path / "lake")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    for table in ("shop.customers", "shop.products", "shop.orders", "shop.order_items"):
+        assert table in done.stderr
+    assert "mirror equals source" in done.stderr
+    assert "DIFFERENT" not in done.stderr
+    assert (tmp_path / "lake" / "shop" / "orders.history" / "_delta_log").is_dir()

@@ -1,0 +1,148 @@
+"""pipeline.toml: every mistake is reported with the key it concerns, before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pgcdc.lake.config import ConfigError, load_config, parse_config, split_table_name
+from pgcdc.lake.tables import LakeLayout, encode_name
+
+GOOD = """
+[source]
+dsn = "host=localhost dbname=shop"
+slot = "pgcdc_shop"
+publication = "pgcdc_shop"
+
+[lake]
+path = "lake"
+history = true
+
+[spark]
+master = "spark://10.0.0.1:7077"
+[spark.conf]
+"spark.executor.memory" = "2g"
+"spark.speculation" = false
+
+[stream]
+max_changes_per_trigger = 5000
+
+[[tables]]
+name = "shop.*"
+
+[[tables]]
+name = "shop.orders"
+row_filter = ["status = 'paid'", "total > 100"]
+changelog = true
+"""
+
+
+def test_good_config(tmp_path: Path) -> None:
+    path = tmp_path / "pipeline.toml"
+    path.write_text(GOOD)
+    config = load_config(path)
+    assert config.lake.path == (tmp_path / "lake").resolve()
+    assert config.spark.conf == {"spark.executor.memory": "2g", "spark.speculation": "false"}
+    assert config.stream.max_changes_per_trigger == 5000
+    index, orders = config.table_settings("shop", "orders") or (None, None)
+    assert index == 1 and orders is not None
+    assert orders.combined_filter() == "(status = 'paid') OR (total > 100)"
+    assert config.history_for(orders) and config.changelog_for(orders)
+    index, items = config.table_settings("shop", "items") or (None, None)
+    assert index == 0 and items is not None
+    assert config.history_for(items) and not config.changelog_for(items)
+    assert config.table_settings("public", "orders") is None
+
+
+def problems(data: dict[str, object]) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return dict(info.value.problems)
+
+
+BASE: dict[str, object] = {
+    "source": {"dsn": "x", "slot": "s", "publication": "p"},
+    "lake": {"path": "/tmp/lake"},
+}
+
+
+def test_errors_name_the_key() -> None:
+    found = problems(
+        {
+            "source": {"slot": "Bad-Slot", "publication": "p"},
+            "lake": {"path": "s3://bucket/lake"},
+            "spark": {"master": "localhost"},
+            "stream": {"max_changes_per_trigger": 0},
+            "tables": [
+                {"name": "a.b.c"},
+                {"name": "x", "row_filter": 3},
+                {"name": "y", "row_filter": []},
+                {"name": "z", "histroy": True},
+            ],
+            "extra": 1,
+        }
+    )
+    assert "valid slot name" in found["source.slot"]
+    assert "only local" in found["lake.path"]
+    assert "not a Spark master URL" in found["spark.master"]
+    assert "greater than 0" in found["stream.max_changes_per_trigger"]
+    assert "3 dot-separated parts" in found["tables[0].name"]
+    assert "string" in found["tables[1].row_filter"]
+    assert "empty list" in found["tables[2].row_filter"]
+    assert "unknown key" in found["tables[3].histroy"]
+    assert "unknown key" in found["extra"]
+
+
+def test_dsn_required() -> None:
+    found = problems({**BASE, "source": {"slot": "s", "publication": "p"}})
+    assert "exactly one of dsn and dsn_env" in found["source"]
+
+
+def test_missing_sections_and_duplicates() -> None:
+    assert problems({"source": BASE["source"]}) == {"lake": "required key is missing"}
+    found = problems({**BASE, "tables": [{"name": "a.t"}, {"name": "a.t"}]})
+    assert found == {"tables[1].name": "'a.t' is already tables[0]"}
+
+
+def test_conflicting_patterns() -> None:
+    config = parse_config({**BASE, "tables": [{"name": "s.*"}, {"name": "*.t", "history": True}]})
+    with pytest.raises(ConfigError) as info:
+        config.table_settings("s", "t")
+    assert "tables[1].name" in dict(info.value.problems)
+    assert config.table_settings("s", "u") is not None
+
+
+def test_dsn_env() -> None:
+    config = parse_config(
+        {**BASE, "source": {"dsn_env": "MY_DSN", "slot": "s", "publication": "p"}}
+    )
+    assert config.source.resolved_dsn({"MY_DSN": "host=h"}) == "host=h"
+    with pytest.raises(ConfigError) as info:
+        config.source.resolved_dsn({})
+    assert "MY_DSN is not set" in str(info.value)
+    secret = parse_config(
+        {**BASE, "source": {"dsn": "postgresql://u:hunter2@h/db", "slot": "s", "publication": "p"}}
+    )
+    assert "hunter2" not in secret.describe()
+
+
+def test_table_names() -> None:
+    assert split_table_name("t") == ("public", "t")
+    assert split_table_name('"My.Schema"."T ""x"""') == ("My.Schema", 'T "x"')
+    for bad in ("a.", '"a', "a.b.c", ""):
+        with pytest.raises(ValueError):
+            split_table_name(bad)
+
+
+def test_lake_paths_are_safe() -> None:
+    layout = LakeLayout(Path("/lake"))
+    assert encode_name("orders") == "orders"
+    assert encode_name("注文") == "注文"
+    assert encode_name("my table") == "my~20table"
+    assert encode_name("_pgcdc") == "~5Fpgcdc"
+    assert encode_name("..") == "~2E~2E"
+    assert encode_name("a/b%c") == "a~2Fb~25c"
+    assert layout.table_path("s", "t") == Path("/lake/s/t")
+    assert layout.table_path("s", "t", "history") == Path("/lake/s/t.history")
+    assert layout.table_path("s", "t.history") != layout.table_path("s", "t", "history")

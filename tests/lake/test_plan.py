@@ -1,0 +1,135 @@
+"""The configuration checked against a real source: nothing is created when anything is wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pgcdc.lake.catalog import ensure_publication, plan_source
+from pgcdc.lake.config import ConfigError, PipelineConfig, parse_config
+from tests.fix_pg import PgDatabase
+
+SCHEMA = """
+CREATE TABLE t1(a int, b int, c text, PRIMARY KEY(a, c));
+CREATE TABLE t2(d int, e int, f int, PRIMARY KEY(d));
+CREATE TABLE t3(g int, h int, i int, PRIMARY KEY(g));
+CREATE TABLE nokey(x int, y int);
+CREATE TABLE full_id(x int, y text);
+ALTER TABLE full_id REPLICA IDENTITY FULL;
+CREATE TABLE by_index(x int NOT NULL, y int NOT NULL, z text, PRIMARY KEY (x));
+CREATE UNIQUE INDEX by_index_y ON by_index (y);
+ALTER TABLE by_index REPLICA IDENTITY USING INDEX by_index_y;
+CREATE SCHEMA "Odd Schema";
+CREATE TABLE "Odd Schema"."T.1"(id int PRIMARY KEY, v text);
+CREATE TABLE parent(a int PRIMARY KEY) PARTITION BY RANGE(a);
+CREATE TABLE child PARTITION OF parent DEFAULT;
+"""
+
+
+def config(pg: PgDatabase, tables: list[dict[str, Any]], **source: Any) -> PipelineConfig:
+    return parse_config(
+        {
+            "source": {"dsn": pg.dsn(), "slot": "s", "publication": "p", **source},
+            "lake": {"path": "/tmp/unused-lake"},
+            "tables": tables,
+        }
+    )
+
+
+def publications(pg: PgDatabase) -> list[object]:
+    return [r[0] for r in pg.execute("SELECT pubname FROM pg_publication ORDER BY 1")]
+
+
+def errors(pg: PgDatabase, tables: list[dict[str, Any]], **source: Any) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        plan_source(pg.dsn(), config(pg, tables, **source))
+    assert publications(pg) == [], "a failed check must create nothing"
+    return dict(info.value.problems)
+
+
+def test_plan_resolves_names_keys_and_filters(pg: PgDatabase) -> None:
+    pg.execute(SCHEMA)
+    pg.execute("ALTER TABLE t2 REPLICA IDENTITY FULL")  # so that e = 99 is a legal filter
+    cfg = config(
+        pg,
+        [
+            {"name": "public.t*"},
+            {"name": "t1", "row_filter": "a > 5 AND c = 'NSW'", "history": True},
+            {"name": "t2", "row_filter": ["e = 99", "d = 10"]},
+            {"name": "full_id", "changelog": True},
+            {"name": "by_index"},
+            {"name": '"Odd Schema"."T.1"'},
+        ],
+    )
+    plan = plan_source(pg.dsn(), cfg)
+    assert publications(pg) == []
+    tables = {t.table_id: t for t in plan.tables}
+    assert sorted(tables) == [
+        "Odd Schema.T.1",
+        "public.by_index",
+        "public.full_id",
+        "public.t1",
+        "public.t2",
+        "public.t3",
+    ]
+    assert tables["public.t1"].keys == ("a", "c") and tables["public.t1"].history
+    assert tables["public.t1"].row_filter == "((a > 5) AND (c = 'NSW'::text))"
+    assert tables["public.t2"].row_filter == "((e = 99) OR (d = 10))"
+    assert tables["public.t2"].keys == ("d",)
+    assert tables["public.t3"].row_filter is None
+    assert tables["public.full_id"].keys == ("x", "y") and tables["public.full_id"].changelog
+    assert tables["public.by_index"].keys == ("y",)
+    ensure_publication(pg.dsn(), cfg, plan)
+    assert publications(pg) == ["p"]
+    again = plan_source(pg.dsn(), cfg)  # the existing publication matches: fine
+    assert again.publication_exists
+    changed = config(pg, [{"name": "t1"}])
+    with pytest.raises(ConfigError) as info:
+        plan_source(pg.dsn(), changed)
+    assert "publishes other tables" in dict(info.value.problems)["source.publication"]
+
+
+def test_partitioned_tables(pg: PgDatabase) -> None:
+    pg.execute(SCHEMA)
+    tables = [{"name": "parent", "row_filter": "a < 5"}, {"name": "child", "row_filter": "a >= 5"}]
+    via_root = plan_source(pg.dsn(), config(pg, tables, via_partition_root=True))
+    assert [(t.table_id, t.row_filter) for t in via_root.tables] == [("public.parent", "(a < 5)")]
+    tables = [{"name": "parent"}, {"name": "child", "row_filter": "a >= 5"}]
+    leaves = plan_source(pg.dsn(), config(pg, tables))
+    assert [(t.table_id, t.row_filter) for t in leaves.tables] == [("public.child", "(a >= 5)")]
+
+
+def test_wrong_tables(pg: PgDatabase) -> None:
+    pg.execute(SCHEMA)
+    found = errors(pg, [{"name": "missing"}, {"name": "nothing_*"}])
+    assert "'missing' names no table" in found["tables[0].name"]
+    assert "matches no table" in found["tables[1].name"]
+    found = errors(pg, [{"name": "nokey"}])
+    assert "no primary key" in found["tables[0].name"]
+    assert "REPLICA IDENTITY FULL" in found["tables[0].name"]
+
+
+def test_wrong_row_filters(pg: PgDatabase) -> None:
+    pg.execute(SCHEMA)
+    found = errors(pg, [{"name": "t2", "row_filter": "e = 99"}])
+    assert "not part of the replica identity" in found["tables[0].row_filter"]
+    assert "public.t2" in found["tables[0].row_filter"]
+    found = errors(pg, [{"name": "t3", "row_filter": "g = = 1"}])
+    assert "PostgreSQL refuses the filter for public.t3" in found["tables[0].row_filter"]
+    found = errors(pg, [{"name": "t3", "row_filter": "random() > 0.5"}])
+    assert "tables[0].row_filter" in found
+    found = errors(pg, [])
+    assert "no tables configured" in found["tables"]
+
+
+def test_existing_publication_without_tables(pg: PgDatabase) -> None:
+    pg.execute(SCHEMA)
+    pg.execute('CREATE PUBLICATION p FOR TABLES IN SCHEMA "Odd Schema"')
+    plan = plan_source(pg.dsn(), config(pg, []))
+    assert plan.publication_exists
+    assert [(t.table_id, t.keys) for t in plan.tables] == [("Odd Schema.T.1", ("id",))]
+    pg.execute("ALTER PUBLICATION p SET (publish = 'insert, truncate')")
+    with pytest.raises(ConfigError) as info:
+        plan_source(pg.dsn(), config(pg, []))
+    assert "does not publish delete, update" in dict(info.value.problems)["source.publication"]
