@@ -18,9 +18,9 @@ from typing import Any
 import pyarrow as pa
 
 from pgcdc.protocol.values import oids
-from pgcdc.protocol.values.converter import Converter, fixed_width_numpy
+from pgcdc.protocol.values.converter import Converter
 from pgcdc.protocol.values.errors import ConversionError
-from pgcdc.protocol.values.numeric import cast_text
+from pgcdc.protocol.values.numeric import fixed_width_converter
 
 __all__ = ["CONVERTERS", "format_float4", "format_float8"]
 
@@ -205,7 +205,6 @@ def _to_float32(value: float) -> float:
 
 
 def _float_converter(name: str, st: struct.Struct, arrow: Any, float4: bool) -> Converter:
-    width = st.size
     dtype = ">f4" if float4 else ">f8"
     fmt = format_float4 if float4 else format_float8
 
@@ -216,29 +215,7 @@ def _float_converter(name: str, st: struct.Struct, arrow: Any, float4: bool) -> 
             raise ConversionError(f"text {name} value is not a number") from None
         return _to_float32(value) if float4 else value
 
-    def from_binary(data: bytes) -> float:
-        try:
-            value: float = st.unpack(data)[0]
-        except struct.error:
-            raise ConversionError(
-                f"binary {name} value must be {width} bytes, got {len(data)}"
-            ) from None
-        return value
-
-    def render(data: bytes, timezone: str) -> str:
-        return fmt(from_binary(data))
-
-    def arrow_type(typmod: int) -> Any:
-        return arrow
-
-    def arrow_text(values: list[str | None], arrow_type: Any) -> pa.Array:
-        return cast_text(values, arrow_type, name)
-
-    def arrow_binary(values: list[bytes | None], arrow_type: Any) -> pa.Array:
-        array, mask = fixed_width_numpy(values, width, dtype, name)
-        return pa.array(array, type=arrow_type, mask=mask)
-
-    return Converter(name, from_text, from_binary, render, arrow_type, arrow_text, arrow_binary)
+    return fixed_width_converter(name, st, dtype, arrow, from_text=from_text, fmt=fmt)
 
 
 CONVERTERS: dict[int, Converter] = {

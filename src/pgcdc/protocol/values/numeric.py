@@ -13,6 +13,7 @@ then ndigits base-10000 digits (int16), the first worth 10000**weight.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -62,7 +63,6 @@ _INT64 = struct.Struct(">q")
 
 def _int_converter(name: str, fmt: str, arrow: Any) -> Converter:
     st = struct.Struct(">" + fmt)
-    width = st.size
     dtype = ">" + {"h": "i2", "i": "i4", "q": "i8", "I": "u4", "Q": "u8"}[fmt]
 
     def from_text(text: str) -> int:
@@ -71,17 +71,32 @@ def _int_converter(name: str, fmt: str, arrow: Any) -> Converter:
         except ValueError:
             raise ConversionError(f"text {name} value is not an integer") from None
 
-    def from_binary(data: bytes) -> int:
+    return fixed_width_converter(name, st, dtype, arrow, from_text=from_text, fmt=str)
+
+
+def fixed_width_converter(
+    name: str,
+    st: struct.Struct,
+    dtype: str,
+    arrow: Any,
+    *,
+    from_text: Callable[[str], Any],
+    fmt: Callable[[Any], str],
+) -> Converter:
+    """The converter of a fixed-width binary number (integers, floats): ``st`` unpacks one
+    value, ``dtype`` is its big-endian numpy type, ``fmt`` renders it as the server would."""
+    width = st.size
+
+    def from_binary(data: bytes) -> Any:
         try:
-            value: int = st.unpack(data)[0]
+            return st.unpack(data)[0]
         except struct.error:
             raise ConversionError(
                 f"binary {name} value must be {width} bytes, got {len(data)}"
             ) from None
-        return value
 
     def render(data: bytes, timezone: str) -> str:
-        return str(from_binary(data))
+        return fmt(from_binary(data))
 
     def arrow_type(typmod: int) -> Any:
         return arrow
