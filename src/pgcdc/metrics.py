@@ -4,6 +4,12 @@
 metrics an operator watches: changes per table and operation, lag in bytes and seconds, batch
 durations, retained WAL, errors by kind. ``serve(port)`` exposes them at ``/metrics``. Labels
 carry table names and operations, never values.
+
+``pgcdc run`` records them as ``pgcdc.lake.monitor`` describes (per batch in the process that
+runs ``foreachBatch``: with a Spark Connect server, only the slot gauges are recorded here).
+Error kinds: ``batch`` (a micro-batch failed), ``stream`` (the query failed), ``pipeline``
+(``run`` stopped with an error), ``slot_invalidated``, ``health_check`` (the slot could not be
+checked), ``heartbeat`` (a heartbeat could not be written).
 """
 
 from __future__ import annotations
@@ -46,13 +52,14 @@ class PipelineMetrics:
         )
         self.lag_bytes = Gauge(
             "pgcdc_lag_bytes",
-            "WAL bytes between the server's current position and the last committed batch",
+            "WAL bytes between the server's current position and the slot's confirmed position",
             labels,
             registry=self.registry,
         )
         self.lag_seconds = Gauge(
             "pgcdc_lag_seconds",
-            "Seconds between now and the commit time of the last applied source transaction",
+            "Seconds from the commit of the newest source transaction of the last batch to "
+            "that batch's commit to the lake",
             labels,
             registry=self.registry,
         )

@@ -2,6 +2,10 @@
 
 Every subcommand exits 0 on success, 1 on a runtime error (with a message naming the cause and
 the fix, never a password) and 2 on bad usage.
+
+Logs go to stderr at ``--log-level`` (default WARNING), as text or, with ``--log-format json``,
+one JSON object per line (``pgcdc.cli.jsonlog``); commands that print progress then log it
+instead, so every line of stderr is JSON.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 #: Subcommand modules, in the order `pgcdc --help` lists them; each has ``register(sub)``.
-COMMANDS = ("tail", "run", "demo")
+COMMANDS = ("tail", "run", "status", "drop", "demo")
+
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
@@ -35,6 +41,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="log level for messages on stderr (default: WARNING)",
     )
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="text lines, or one JSON object per line with fields such as lsn, slot, table, "
+        "changes (default: text)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     handlers: dict[str, Handler] = {}
     for command in COMMANDS:
@@ -47,9 +60,25 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser, handlers = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    if args.log_format == "json":
+        from pgcdc.cli.jsonlog import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(_TEXT_FORMAT))
+    root = logging.getLogger()
+    level = root.level
+    # this command's handler replaces the root's stderr handlers (not others, e.g. pytest's)
+    replaced = [
+        h
+        for h in root.handlers
+        if type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.__stderr__)
+    ]
+    for old in replaced:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(args.log_level)
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
@@ -58,3 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the reader went away (`pgcdc tail | head`): stop quietly
         sys.stderr.close()
         return 0
+    finally:
+        root.removeHandler(handler)
+        for old in replaced:
+            root.addHandler(old)
+        root.setLevel(level)

@@ -5,6 +5,13 @@ in parallel and then streams; later starts resume where the last one stopped. Wi
 ``--until-caught-up`` it applies everything committed up to the moment it started and exits 0
 (for scheduled runs and tests); otherwise it runs until interrupted (Ctrl-C stops it after the
 current batch). ``--check`` validates the configuration against the source and exits.
+
+Progress: on a terminal, rich progress bars for the snapshot (tables copied, rows) and the
+stream (WAL bytes from the slot's position to the server's, batches, changes/s); otherwise a
+plain line at most every few seconds; nothing with ``--quiet``. With ``pgcdc --log-format
+json`` every message and progress line is a log record (logger ``pgcdc.run``, INFO) instead.
+Exit codes: 0 done, 1 runtime error (slot gone or invalidated, failed stream, mirrors differ
+after ``--verify``), 2 bad configuration.
 """
 
 from __future__ import annotations
@@ -20,11 +27,21 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from pgcdc.lsn import Lsn
 
 if TYPE_CHECKING:  # the lake (Spark, delta-rs, pyarrow) is imported when the command runs
-    from pgcdc.lake.pipeline import Pipeline
+    from pgcdc.lake.batch import BatchResult
+    from pgcdc.replication import SlotHealth
 
 log = logging.getLogger("pgcdc.run")
 
@@ -58,34 +75,224 @@ def register(sub: Any) -> tuple[str, Callable[[argparse.Namespace], int]]:
     return NAME, run
 
 
-class _Ticker:
-    """Prints a progress line every few seconds while the stream runs."""
+class _Output:
+    """Where the command's messages go: the console, or log records in JSON log mode."""
 
-    def __init__(self, pipeline: Pipeline, console: Console, every: float = 5.0) -> None:
-        self.pipeline = pipeline
+    def __init__(self, console: Console, *, json_logs: bool, quiet: bool) -> None:
         self.console = console
+        self.json_logs = json_logs
+        self.quiet = quiet
+
+    def say(self, text: str, *, level: int = logging.INFO, **extra: Any) -> None:
+        if self.json_logs:
+            log.log(level, "%s", text, extra=extra)
+        elif not self.quiet or level >= logging.ERROR:
+            style = "red" if level >= logging.ERROR else None
+            self.console.print(text, style=style, highlight=False, markup=False)
+
+
+def _size(n: float) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+class _Display:
+    """The run's progress (a ``pgcdc.lake.monitor.Observer``): rich bars on a terminal, else
+    plain lines (or log records) at most every ``every`` seconds, or nothing when quiet."""
+
+    def __init__(self, out: _Output, every: float = 5.0) -> None:
+        self.out = out
         self.every = every
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="pgcdc-progress", daemon=True)
+        self.mode = (
+            "none"
+            if out.quiet
+            else "log"
+            if out.json_logs
+            else "rich"
+            if out.console.is_terminal
+            else "lines"
+        )
+        self._lock = threading.Lock()
+        self._bars: Progress | None = None
+        self._snapshot_task: TaskID | None = None
+        self._stream_task: TaskID | None = None
+        self._last_line = 0.0
+        # snapshot
+        self.tables = 0
+        self.tables_done = 0
+        self.rows_read: int | None = None
+        self.rows = 0
+        # stream
+        self.streaming = False
+        self.until_caught_up = False
+        self.start: int | None = None
+        self.target: int | None = None
+        self.applied: int | None = None
+        self.batches = 0
+        self.changes = 0
+        self._t0 = 0.0
+        self.lag_bytes: int | None = None
 
-    def start(self, _pipeline: Pipeline) -> None:
-        self._thread.start()
+    # -- RunObserver ------------------------------------------------------------------------
+    def snapshot_started(self, tables: int, consistent_point: Lsn) -> None:
+        with self._lock:
+            self.tables = tables
+        if self.mode == "rich":
+            bars = self._ensure_bars()
+            self._snapshot_task = bars.add_task("snapshot", total=tables, info="reading")
+        self._show(force=True)
 
-    def stop(self) -> None:
-        self._done.set()
+    def snapshot_progress(self, table: str | None, rows: int) -> None:
+        with self._lock:
+            if table is None:
+                self.rows_read = rows
+            else:
+                self.tables_done += 1
+                self.rows += rows
+        self._show()
 
-    def _loop(self) -> None:
-        shown = -1
-        while not self._done.wait(self.every):
-            progress = self.pipeline.progress
-            if progress is None or progress.batches == shown:
-                continue
-            shown = progress.batches
-            last = progress.last
-            lsn = "" if last is None or last.max_lsn is None else f", at {Lsn(last.max_lsn)}"
-            self.console.print(
-                f"[dim]{time.strftime('%H:%M:%S')}[/dim] {progress.batches} batches, "
-                f"{progress.changes} changes applied{lsn}"
+    def snapshot_finished(self, rows: int, seconds: float) -> None:
+        with self._lock:
+            self.rows = rows
+            self.tables_done = self.tables
+        self._show(force=True)
+
+    def stream_started(self, start: Lsn | None, target: Lsn | None, until_caught_up: bool) -> None:
+        with self._lock:
+            self.streaming = True
+            self.until_caught_up = until_caught_up
+            self.start = None if start is None else int(start)
+            self.target = None if target is None else int(target)
+            self.applied = self.start
+            self._t0 = time.monotonic()
+        if self.mode == "rich":
+            bars = self._ensure_bars()
+            self._stream_task = bars.add_task(
+                "catch-up" if until_caught_up else "stream", total=None, info="starting"
+            )
+        self._show(force=True)
+
+    def batch_done(self, result: BatchResult) -> None:
+        with self._lock:
+            self.batches += 1
+            self.changes += result.changes
+            if result.max_lsn is not None:
+                self.applied = max(self.applied or 0, result.max_lsn)
+        self._show()
+
+    def slot_checked(self, health: SlotHealth) -> None:
+        with self._lock:
+            if health.confirmed_flush_lsn is not None and self.streaming:
+                self.applied = max(self.applied or 0, int(health.confirmed_flush_lsn))
+            if not self.until_caught_up and self.streaming:
+                self.target = max(self.target or 0, int(health.server_lsn))
+            self.lag_bytes = health.lag_bytes
+        self._show()
+
+    def finished(self) -> None:
+        bars, self._bars = self._bars, None
+        if bars is not None:
+            self._refresh(bars)
+            bars.stop()
+
+    # -- rendering ----------------------------------------------------------------------------
+    def _ensure_bars(self) -> Progress:
+        if self._bars is None:
+            self._bars = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description:<9}"),
+                BarColumn(),
+                TaskProgressColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                console=self.out.console,
+                refresh_per_second=4,
+            )
+            self._bars.start()
+        return self._bars
+
+    def _stream_numbers(self) -> tuple[int | None, int, float, str]:
+        """(total bytes, done bytes, changes/s, position)"""
+        total = None
+        done = 0
+        if self.start is not None and self.target is not None:
+            total = max(0, self.target - self.start)
+        if self.start is not None and self.applied is not None:
+            done = max(0, self.applied - self.start)
+            if total is not None:
+                done = min(done, total)
+        elapsed = max(time.monotonic() - self._t0, 1e-6)
+        rate = self.changes / elapsed
+        at = "-" if self.applied is None else str(Lsn(self.applied))
+        return total, done, rate, at
+
+    def _refresh(self, bars: Progress) -> None:
+        with self._lock:
+            if self._snapshot_task is not None:
+                read = "" if self.rows_read is None else f" of {self.rows_read}"
+                bars.update(
+                    self._snapshot_task,
+                    completed=self.tables_done,
+                    info=f"{self.tables_done}/{self.tables} tables, {self.rows}{read} rows",
+                )
+            if self._stream_task is not None:
+                total, done, rate, at = self._stream_numbers()
+                bars.update(
+                    self._stream_task,
+                    total=total if total else None,
+                    completed=done,
+                    info=f"{_size(done)} of {_size(total or 0)} WAL, {self.batches} batches, "
+                    f"{self.changes} changes, {rate:.0f}/s, at {at}",
+                )
+
+    def _line(self) -> tuple[str, dict[str, Any]]:
+        with self._lock:
+            if not self.streaming:
+                read = "" if self.rows_read is None else f" ({self.rows_read} rows read)"
+                return (
+                    f"snapshot: {self.tables_done}/{self.tables} tables copied, "
+                    f"{self.rows} rows{read}",
+                    {"tables": self.tables_done, "rows": self.rows},
+                )
+            total, done, rate, at = self._stream_numbers()
+            what = "catch-up" if self.until_caught_up else "stream"
+            share = f" {100 * done / total:.0f}%" if total else ""
+            lag = "" if self.lag_bytes is None else f", lag {_size(self.lag_bytes)}"
+            return (
+                f"{what}{share} ({_size(done)} of {_size(total or 0)} WAL), {self.batches} "
+                f"batches, {self.changes} changes, {rate:.0f} changes/s, at {at}{lag}",
+                {
+                    "batches": self.batches,
+                    "changes": self.changes,
+                    "lsn": at,
+                    "done_bytes": done,
+                    "total_bytes": total,
+                    "lag_bytes": self.lag_bytes,
+                },
+            )
+
+    def _show(self, *, force: bool = False) -> None:
+        if self.mode == "none":
+            return
+        if self.mode == "rich":
+            if self._bars is not None:
+                self._refresh(self._bars)
+            return
+        now = time.monotonic()
+        with self._lock:
+            if not force and now - self._last_line < self.every:
+                return
+            self._last_line = now
+        text, extra = self._line()
+        if self.mode == "log":
+            log.info("progress: %s", text, extra=extra)
+        else:
+            self.out.console.print(
+                f"{time.strftime('%H:%M:%S')} {text}", highlight=False, markup=False
             )
 
 
@@ -97,56 +304,67 @@ def run(args: argparse.Namespace) -> int:
     from pgcdc.lake.verify import compare_tables
     from pgcdc.replication import ReplicationError, scrub_secrets
 
-    console = Console(stderr=True, quiet=args.quiet)
+    console = Console(stderr=True)
+    out = _Output(
+        console, json_logs=getattr(args, "log_format", "text") == "json", quiet=args.quiet
+    )
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        console.print(f"[red]{exc}[/red]", highlight=False)
+        out.say(str(exc), level=logging.ERROR)
         return 2
-    pipeline = Pipeline(config)
+    display = _Display(out)
+    pipeline = Pipeline(config, observer=display)
     try:
         plan = pipeline.check()
         if args.check:
-            console.print(
+            out.say(
                 f"configuration OK: {len(plan.tables)} tables "
                 f"({', '.join(t.table_id for t in plan.tables)}), "
-                f"{'resuming' if pipeline.state else 'first start'}"
+                f"{'resuming' if pipeline.state else 'first start'}",
+                tables=len(plan.tables),
             )
             return 0
-        console.print(f"pgcdc run: {config.describe()}", highlight=False)
-        ticker = _Ticker(pipeline, console)
+        out.say(f"pgcdc run: {config.describe()}", slot=config.source.slot)
         previous = signal.getsignal(signal.SIGINT)
 
         def interrupt(signum: int, frame: FrameType | None) -> None:
-            console.print("stopping after the current batch ...")
+            out.say("stopping after the current batch ...")
             pipeline.stop()
 
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, interrupt)
         try:
-            result = pipeline.run(until_caught_up=args.until_caught_up, on_started=ticker.start)
+            result = pipeline.run(until_caught_up=args.until_caught_up)
         finally:
-            ticker.stop()
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGINT, previous)
         if result.snapshot_rows:
-            console.print(
+            out.say(
                 f"snapshot: {sum(result.snapshot_rows.values())} rows of "
-                f"{len(result.snapshot_rows)} tables in {result.snapshot_seconds:.1f} s"
+                f"{len(result.snapshot_rows)} tables in {result.snapshot_seconds:.1f} s",
+                rows=sum(result.snapshot_rows.values()),
+                tables=len(result.snapshot_rows),
             )
-        console.print(
+        out.say(
             f"stream: {result.batches} batches, {result.changes} changes"
-            + (f", {result.restarts} restarts for schema changes" if result.restarts else "")
+            + (f", {result.restarts} restarts for schema changes" if result.restarts else ""),
+            batches=result.batches,
+            changes=result.changes,
         )
         if args.verify:
             checks = compare_tables(pipeline.dsn, pipeline.layout, plan.tables)
             for check in checks:
-                console.print(check.describe(), highlight=False)
+                out.say(
+                    check.describe(),
+                    level=logging.INFO if check.equal else logging.ERROR,
+                    table=check.table_id,
+                )
             if not all(c.equal for c in checks):
                 return 1
         return 0
     except ConfigError as exc:
-        console.print(f"[red]{exc}[/red]", highlight=False)
+        out.say(str(exc), level=logging.ERROR)
         return 2
     except (
         PipelineError,
@@ -154,5 +372,5 @@ def run(args: argparse.Namespace) -> int:
         StateError,
         SchemaEvolutionError,
     ) as exc:
-        console.print(f"[red]pgcdc run: {scrub_secrets(str(exc))}[/red]", highlight=False)
+        out.say(f"pgcdc run: {scrub_secrets(str(exc))}", level=logging.ERROR)
         return 1

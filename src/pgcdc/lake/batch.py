@@ -6,6 +6,10 @@ each of its Delta tables (mirror, history, changelog) not already holding this b
 (``Transaction(app_id, batch_id)``), it builds the rows in Spark, collects them as Arrow and
 commits them with delta-rs in one commit per Delta table. A replayed batch's commits that are
 already there are skipped.
+
+``Progress`` (per app id, in ``PROGRESS``) sums what the batches applied in this process and
+tells its listeners (``BatchListener``: the pipeline's metrics and progress display) about each
+batch, applied or failed. Listeners run in the thread that runs the batch and must not raise.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -31,11 +36,11 @@ from pgcdc.lake.changes import (
 )
 from pgcdc.lake.history import history_rows, merge_history
 from pgcdc.lake.mirror import merge_mirror, mirror_rows
-from pgcdc.lake.tables import LakeLayout, LakeTable, TableKind
+from pgcdc.lake.tables import COMMIT_TIME, LakeLayout, LakeTable, TableKind
 from pgcdc.lake.writer import DeltaTarget
 from pgcdc.lsn import Lsn
 
-__all__ = ["BatchResult", "LakeBatchWriter", "Progress"]
+__all__ = ["PROGRESS", "BatchListener", "BatchResult", "LakeBatchWriter", "Progress"]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -50,6 +55,20 @@ class BatchResult:
     max_lsn: int | None = None
     seconds: float = 0.0
     per_table: dict[str, int] = field(default_factory=dict)
+    #: changes per (table id, operation 'I' / 'U' / 'D' / 'T')
+    per_op: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: commit time of the newest source transaction the batch wrote to a mirror
+    max_commit_time: datetime | None = None
+    #: wall-clock time (``time.time()``) the batch's commits were done
+    finished_at: float = 0.0
+
+
+class BatchListener(Protocol):
+    """Told about every batch of a ``Progress`` (from the thread running the batch)."""
+
+    def batch_done(self, result: BatchResult) -> None: ...
+
+    def batch_failed(self, batch_id: int, error: BaseException) -> None: ...
 
 
 class Progress:
@@ -59,8 +78,18 @@ class Progress:
         self._lock = threading.Lock()
         self.batches = 0
         self.changes = 0
+        self.failures = 0
         self.last: BatchResult | None = None
         self.per_table: dict[str, int] = {}
+        self._listeners: list[BatchListener] = []
+
+    def subscribe(self, listener: BatchListener) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def unsubscribe(self, listener: BatchListener) -> None:
+        with self._lock:
+            self._listeners = [x for x in self._listeners if x is not listener]
 
     def record(self, result: BatchResult) -> None:
         with self._lock:
@@ -69,6 +98,22 @@ class Progress:
             self.last = result
             for table, n in result.per_table.items():
                 self.per_table[table] = self.per_table.get(table, 0) + n
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener.batch_done(result)
+            except Exception:  # a display or metric must never fail a batch
+                log.exception("progress listener failed")
+
+    def record_failure(self, batch_id: int, error: BaseException) -> None:
+        with self._lock:
+            self.failures += 1
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener.batch_failed(batch_id, error)
+            except Exception:
+                log.exception("progress listener failed")
 
 
 #: Progress per app id, for callers in the same process as the foreachBatch function.
@@ -95,8 +140,13 @@ class LakeBatchWriter:
         return {kind: DeltaTarget(table.path(layout, kind)) for kind in table.kinds()}
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        result = self.apply(df, int(batch_id))
-        PROGRESS.setdefault(self.app_id, Progress()).record(result)
+        progress = PROGRESS.setdefault(self.app_id, Progress())
+        try:
+            result = self.apply(df, int(batch_id))
+        except BaseException as exc:
+            progress.record_failure(int(batch_id), exc)
+            raise
+        progress.record(result)
 
     def apply(self, df: Any, batch_id: int) -> BatchResult:
         started = time.monotonic()
@@ -111,6 +161,15 @@ class LakeBatchWriter:
             result.changes = overview.changes
             result.min_lsn, result.max_lsn = overview.min_lsn, overview.max_lsn
             result.per_table = {t: info.changes for t, info in overview.tables.items()}
+            for t, seen in overview.tables.items():
+                for op, n in (
+                    ("I", seen.inserts),
+                    ("U", seen.updates),
+                    ("D", seen.deletes),
+                    ("T", len(seen.truncates)),
+                ):
+                    if n:
+                        result.per_op[(t, op)] = n
             unknown = sorted(set(overview.tables) - known)
             if unknown:
                 log.warning(
@@ -150,12 +209,14 @@ class LakeBatchWriter:
                     targets=wanted,
                     metadata=overview_meta(batch_id, info),
                     commits=commits,
+                    result=result,
                 )
                 result.tables += 1
             result.skipped = result.tables == 0 and bool(overview.tables)
         finally:
             df.unpersist()
         result.seconds = time.monotonic() - started
+        result.finished_at = time.time()
         log.info(
             "batch %s: %s changes of %s tables, LSN %s to %s, %.2f s",
             batch_id,
@@ -164,6 +225,14 @@ class LakeBatchWriter:
             _lsn(result.min_lsn),
             _lsn(result.max_lsn),
             result.seconds,
+            extra={
+                "batch": batch_id,
+                "changes": result.changes,
+                "tables": result.tables,
+                "min_lsn": _lsn(result.min_lsn),
+                "max_lsn": _lsn(result.max_lsn),
+                "seconds": round(result.seconds, 3),
+            },
         )
         return result
 
@@ -178,6 +247,7 @@ class LakeBatchWriter:
         targets: dict[TableKind, DeltaTarget],
         metadata: dict[str, Any],
         commits: int,
+        result: BatchResult | None = None,
     ) -> int:
         _, names = image_columns(df, column)
         missing = [k for k in table.keys if k not in names]
@@ -210,6 +280,8 @@ class LakeBatchWriter:
                 clock = time.monotonic()
                 rows = mirror_rows(resolved, table, names, info).toArrow()
                 spark_seconds = time.monotonic() - clock
+                if result is not None:
+                    _note_commit_time(result, rows)
                 merge_mirror(
                     targets["mirror"],
                     rows,
@@ -299,6 +371,21 @@ class LakeBatchWriter:
         if self.fail_after is not None and commits >= self.fail_after:
             raise RuntimeError(f"injected failure after {commits} Delta commit(s) (tests)")
         return commits
+
+
+def _note_commit_time(result: BatchResult, rows: pa.Table) -> None:
+    """Keep the newest ``__commit_time`` of a mirror's MERGE source in ``result``."""
+    import pyarrow.compute as pc
+
+    if COMMIT_TIME not in rows.column_names or rows.num_rows == 0:
+        return
+    newest = pc.max(rows.column(COMMIT_TIME)).as_py()
+    if not isinstance(newest, datetime):
+        return
+    if newest.tzinfo is None:
+        newest = newest.replace(tzinfo=UTC)
+    if result.max_commit_time is None or newest > result.max_commit_time:
+        result.max_commit_time = newest
 
 
 def overview_meta(batch_id: int, info: TableOverview) -> dict[str, Any]:

@@ -12,7 +12,15 @@ Reference (defaults in brackets):
     first start); ``publication``: created on the first start with the ``[[tables]]`` and their
     row filters, or an existing one (then ``[[tables]]`` must match it, or be empty to take it
     as it is); ``via_partition_root`` [false]: publish partitions' changes as their root's;
-    ``connect_timeout`` [10] seconds.
+    ``connect_timeout`` [10] seconds; ``heartbeat_interval`` [60] seconds between heartbeats
+    (small WAL records in the source database, so the slot keeps advancing when nothing it
+    publishes changes; 0 turns them off); ``heartbeat`` ["message"]: ``"message"`` writes
+    ``pg_logical_emit_message(false, 'pgcdc_heartbeat', ...)`` (no table needed), ``"table"``
+    updates the one-row table ``heartbeat_table`` ["public.pgcdc_heartbeat"] (created if
+    missing; leave it out of the publication); ``retained_wal_warning`` ["1GB"]: bytes, or a
+    size such as ``"512MB"`` / ``"5GB"`` (1024-based; B, kB, MB, GB, TB, KiB, MiB, GiB, TiB),
+    of WAL the slot may hold back before ``run`` logs a warning; ``health_check_interval`` [10]
+    seconds between the running pipeline's checks of its slot (retained WAL, invalidation).
 ``[lake]``
     ``path``: the lake folder (local, or a shared filesystem mounted at the same path on every
     Spark machine); ``history`` [false] and ``changelog`` [false]: defaults for every table.
@@ -25,6 +33,10 @@ Reference (defaults in brackets):
     ``max_changes_per_trigger`` [100000] and ``max_bytes_per_trigger`` [none]: batch size
     limits (whole transactions, at least one per batch); ``snapshot_partitions_per_table``
     [by size]: ctid ranges each table's initial copy is split into.
+``[metrics]``
+    ``port`` [0: off]: serve Prometheus metrics at ``http://<addr>:<port>/metrics`` while
+    ``run`` runs; ``addr`` ["127.0.0.1"]: the address to listen on (``"0.0.0.0"`` lets a
+    Prometheus on another machine scrape it).
 ``[[tables]]`` (one entry per table or pattern)
     ``name``: ``schema.table`` (``public`` if unqualified; ``*`` and ``?`` match within a part;
     double-quote parts with dots or upper case); ``row_filter``: an SQL expression, or a list
@@ -63,7 +75,7 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -79,6 +91,7 @@ from pgcdc.replication import scrub_secrets
 __all__ = [
     "ConfigError",
     "LakeSettings",
+    "MetricsSettings",
     "PipelineConfig",
     "SourceSettings",
     "SparkSettings",
@@ -86,10 +99,44 @@ __all__ = [
     "TableSettings",
     "load_config",
     "parse_config",
+    "parse_size",
     "split_table_name",
 ]
 
 _SLOT = re.compile(r"[a-z0-9_]{1,63}")
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "k": 1 << 10,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "m": 1 << 20,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+    "g": 1 << 30,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
+    "t": 1 << 40,
+}
+#: ``[source] retained_wal_warning`` by default: 1 GiB
+DEFAULT_RETAINED_WAL_WARNING = 1 << 30
+
+
+def parse_size(text: str) -> int:
+    """``"5GB"`` -> bytes (1024-based, as PostgreSQL reads sizes); ValueError names the forms."""
+    match = _SIZE.fullmatch(text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(
+            f"{text!r} is not a size: write bytes (1073741824) or a number and a unit, such as "
+            "'512MB' or '5GB' (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB; 1024-based)"
+        )
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
 _LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9][0-9]*)(,\s*[1-9][0-9]*)?\])?")
 
 
@@ -170,6 +217,43 @@ class SourceSettings(_Model):
         description="publish partitions' changes as their partitioned root table's",
     )
     connect_timeout: float = Field(default=10.0, gt=0)
+    heartbeat_interval: float = Field(
+        default=60.0, ge=0, description="seconds between heartbeats (0: no heartbeats)"
+    )
+    heartbeat: Literal["message", "table"] = Field(
+        default="message",
+        description="message: pg_logical_emit_message; table: update heartbeat_table",
+    )
+    heartbeat_table: str = Field(
+        default="public.pgcdc_heartbeat", description="schema.table of heartbeat = 'table'"
+    )
+    retained_wal_warning: int = Field(
+        default=DEFAULT_RETAINED_WAL_WARNING,
+        gt=0,
+        description="bytes of WAL the slot may retain before a warning (or '5GB')",
+    )
+    health_check_interval: float = Field(
+        default=10.0, gt=0, description="seconds between checks of the slot while running"
+    )
+
+    @field_validator("heartbeat_table")
+    @classmethod
+    def _heartbeat_table(cls, value: str) -> str:
+        split_table_name(value)  # raises ValueError with the reason
+        if any(ch in value for ch in "*?["):
+            raise ValueError(f"{value!r}: name one table, without wildcards")
+        return value
+
+    @field_validator("retained_wal_warning", mode="before")
+    @classmethod
+    def _retained_wal_warning(cls, value: object) -> object:
+        if isinstance(value, str):
+            return parse_size(value)
+        return value
+
+    @property
+    def heartbeat_schema_table(self) -> tuple[str, str]:
+        return split_table_name(self.heartbeat_table)
 
     @field_validator("slot")
     @classmethod
@@ -206,6 +290,13 @@ class SourceSettings(_Model):
                 [("source.dsn_env", f"environment variable {self.dsn_env} is not set or empty")]
             )
         return value
+
+
+class MetricsSettings(_Model):
+    """``[metrics]``: the Prometheus endpoint of a running pipeline."""
+
+    port: int = Field(default=0, ge=0, le=65535, description="HTTP port (0: no endpoint)")
+    addr: str = Field(default="127.0.0.1", min_length=1, description="address to listen on")
 
 
 class LakeSettings(_Model):
@@ -362,6 +453,7 @@ class PipelineConfig(_Model):
     lake: LakeSettings
     spark: SparkSettings = Field(default_factory=SparkSettings)
     stream: StreamSettings = Field(default_factory=StreamSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tables: list[TableSettings] = Field(
         default_factory=list,
         description="tables to mirror; empty: every table of an existing publication",

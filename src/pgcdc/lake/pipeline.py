@@ -20,6 +20,18 @@ restarted on the same checkpoint.
 
 ``until_caught_up`` runs the stream with ``Trigger.AvailableNow``: everything committed before
 the start is applied, then ``run`` returns.
+
+While it runs (``monitor``): the metrics (``pgcdc.metrics.PipelineMetrics``, served over HTTP
+when ``[metrics] port`` is set) count every batch's changes by table and operation and its
+duration; a ``SlotMonitor`` checks the slot every ``[source] health_check_interval`` seconds
+(lag, retained WAL with a warning past ``[source] retained_wal_warning``) and stops the
+pipeline with a ``PipelineError`` naming the fix when the slot is invalidated or gone; a
+``Heartbeat`` (``[source] heartbeat_interval``) writes a small WAL record in the source
+database so the slot keeps advancing when nothing it publishes changes. A ``RunObserver``
+passed to ``Pipeline`` hears about the snapshot's and the stream's progress.
+
+A lake whose slot ``pgcdc drop`` dropped (``state.dropped_at``) is never copied into again:
+``run`` fails and says to move the lake away first.
 """
 
 from __future__ import annotations
@@ -39,13 +51,25 @@ import pyarrow as pa
 from pgcdc.lake.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
 from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source, source_columns
 from pgcdc.lake.config import ConfigError, PipelineConfig
+from pgcdc.lake.monitor import (
+    BatchEvents,
+    Observer,
+    RunObserver,
+    SlotMonitor,
+    publication_gone_message,
+    slot_gone_message,
+    slot_lost_message,
+)
 from pgcdc.lake.schema_evolution import evolve
 from pgcdc.lake.snapshot import remove_tables, write_snapshot
 from pgcdc.lake.state import PipelineState, load_state, save_state
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout
 from pgcdc.lake.writer import DeltaTarget
 from pgcdc.lsn import Lsn
+from pgcdc.metrics import PipelineMetrics
 from pgcdc.replication import (
+    Heartbeat,
+    SlotHealth,
     create_slot_with_snapshot,
     drop_slot,
     scrub_secrets,
@@ -93,11 +117,20 @@ class Pipeline:
         *,
         spark: Any | None = None,
         fail_after_commits: int | None = None,
+        observer: Observer | None = None,
+        metrics: PipelineMetrics | None = None,
     ) -> None:
         """``spark``: a session to use (default: one from ``[spark]``);
         ``fail_after_commits``: fault injection for tests (each batch fails after this many
-        Delta commits)."""
+        Delta commits); ``observer``: told about progress (progress displays);
+        ``metrics``: where to record (default: a new ``PipelineMetrics`` for the slot)."""
         self.config = config
+        self.observer: Observer = observer if observer is not None else RunObserver()
+        self.metrics = metrics if metrics is not None else PipelineMetrics(config.source.slot)
+        self.metrics_port: int | None = None  # the port /metrics is served on, while running
+        self.monitor: SlotMonitor | None = None
+        self.heartbeat: Heartbeat | None = None
+        self._fatal: str | None = None
         self._fail_after = fail_after_commits
         self.layout = LakeLayout(config.lake.path)
         self._spark = spark
@@ -226,9 +259,53 @@ class Pipeline:
     ) -> RunResult:
         """Start or resume the pipeline; returns when caught up (or stopped)."""
         plan = self.check() if self.plan is None else self.plan
+        self._fatal = None
+        metrics = self.config.metrics
+        if metrics.port:
+            try:
+                self.metrics_port = self.metrics.serve(metrics.port, addr=metrics.addr)
+            except OSError as exc:
+                raise ConfigError(
+                    [
+                        (
+                            "metrics.port",
+                            f"cannot serve metrics on {metrics.addr}:{metrics.port} "
+                            f"({exc.strerror or exc}): choose a free port, or 0 for none",
+                        )
+                    ]
+                ) from None
+            log.info(
+                "serving metrics at http://%s:%s/metrics",
+                metrics.addr,
+                self.metrics_port,
+                extra={"port": self.metrics_port},
+            )
+        try:
+            return self._run(plan, until_caught_up, on_started)
+        except PipelineError:
+            self.metrics.record_error("pipeline")
+            raise
+        finally:
+            self.metrics.close()
+            self.metrics_port = None
+            self.observer.finished()
+
+    def _run(
+        self,
+        plan: SourcePlan,
+        until_caught_up: bool,
+        on_started: Callable[[Pipeline], None] | None,
+    ) -> RunResult:
         result = RunResult()
         state = self.state
         dsn = self.dsn
+        if state is not None and state.dropped_at is not None:
+            raise PipelineError(
+                f"the pipeline's slot {state.slot!r} was dropped by pgcdc drop at "
+                f"{state.dropped_at}, so the changes since then cannot be streamed; the lake "
+                f"{self.layout.root} is kept as it was. To start over, move the lake away (or "
+                "delete it) and run again to copy everything again"
+            )
         slot = slot_info(dsn, self.config.source.slot)
         if state is None and slot is not None:
             raise ConfigError(
@@ -246,15 +323,23 @@ class Pipeline:
         if state is not None and state.snapshot_done:
             if slot is None:
                 raise PipelineError(
-                    f"slot {self.config.source.slot!r} is gone from the source, so the changes "
-                    f"since {state.consistent_point} cannot be streamed; to copy everything "
-                    f"again, move the lake {self.layout.root} away and run again"
+                    slot_gone_message(
+                        self.config.source.slot, self.layout.root, state.consistent_point
+                    )
                 )
             if slot.lost:
                 raise PipelineError(
-                    f"slot {slot.name!r} was invalidated (wal_status {slot.wal_status!r}): the "
-                    "WAL it needed is gone; move the lake away, drop the slot and run again to "
-                    "copy everything again (raise max_slot_wal_keep_size to avoid this)"
+                    slot_lost_message(
+                        slot.name,
+                        self.layout.root,
+                        wal_status=slot.wal_status,
+                        reason=slot.invalidation_reason,
+                        confirmed=slot.confirmed_flush_lsn,
+                    )
+                )
+            if not plan.publication_exists:
+                raise PipelineError(
+                    publication_gone_message(self.config.source.publication, self.layout.root)
                 )
             result.resumed = True
             log.info(
@@ -263,16 +348,68 @@ class Pipeline:
                 state.generation,
                 slot.name,
                 slot.confirmed_flush_lsn,
+                extra={
+                    "pipeline_id": state.pipeline_id,
+                    "generation": state.generation,
+                    "slot": slot.name,
+                    "lsn": None
+                    if slot.confirmed_flush_lsn is None
+                    else str(slot.confirmed_flush_lsn),
+                },
             )
         else:
             state = self._snapshot(plan, state, slot is not None, result)
         self.state = state
         progress = PROGRESS.setdefault(state.stream_app_id, Progress())
         batches, changes = progress.batches, progress.changes
-        self._stream(plan, state, until_caught_up, result, on_started)
+        events = BatchEvents(self.metrics, self.observer)
+        progress.subscribe(events)
+        source = self.config.source
+        if source.heartbeat_interval > 0:
+            schema, table = source.heartbeat_schema_table
+            self.heartbeat = Heartbeat(
+                dsn,
+                interval=source.heartbeat_interval,
+                mode=source.heartbeat,
+                schema=schema,
+                table=table,
+            )
+        monitor = self.monitor = SlotMonitor(
+            dsn,
+            source.slot,
+            self.layout.root,
+            metrics=self.metrics,
+            observer=self.observer,
+            interval=source.health_check_interval,
+            warn_bytes=source.retained_wal_warning,
+            on_fatal=self._set_fatal,
+            heartbeat=self.heartbeat,
+            publication=source.publication,
+        )
+        try:
+            health = monitor.check()
+            self._raise_fatal()
+            if self.heartbeat is not None:
+                self.heartbeat.start()
+            monitor.start()
+            self._stream(plan, state, until_caught_up, result, on_started, health=health)
+            self._raise_fatal()
+        finally:
+            monitor.stop()
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
+                self.heartbeat = None
+            progress.unsubscribe(events)
         result.batches = progress.batches - batches
         result.changes = progress.changes - changes
         return result
+
+    def _set_fatal(self, message: str) -> None:
+        self._fatal = message
+
+    def _raise_fatal(self) -> None:
+        if self._fatal is not None:
+            raise PipelineError(self._fatal)
 
     def _snapshot(
         self,
@@ -309,7 +446,14 @@ class Pipeline:
                 snapshot_rows={},
             )
         save_state(self.layout, state)
-        ensure_publication(dsn, self.config, plan)
+        if ensure_publication(dsn, self.config, plan):
+            state = state.evolve(publication_created=True)
+            save_state(self.layout, state)
+            log.info(
+                "created publication %s",
+                source.publication,
+                extra={"publication": source.publication},
+            )
         started = time.monotonic()
         spark = self.spark()
         from pgcdc.spark import read_snapshot
@@ -328,7 +472,14 @@ class Pipeline:
                 len(plan.tables),
                 exported.consistent_point,
                 exported.snapshot_name,
+                extra={
+                    "tables": len(plan.tables),
+                    "lsn": str(exported.consistent_point),
+                    "slot": source.slot,
+                    "generation": state.generation,
+                },
             )
+            self.observer.snapshot_started(len(plan.tables), Lsn(exported.consistent_point))
             options: dict[str, Any] = {}
             partitions = self.config.stream.snapshot_partitions_per_table
             if partitions is not None:
@@ -346,6 +497,7 @@ class Pipeline:
                     started_at=started_at,
                     app_id=state.snapshot_app_id,
                     generation=state.generation,
+                    on_progress=self.observer.snapshot_progress,
                 )
             except Exception as exc:
                 raise PipelineError(
@@ -361,7 +513,14 @@ class Pipeline:
             sum(snapshot.rows.values()),
             len(snapshot.rows),
             result.snapshot_seconds,
+            extra={
+                "rows": sum(snapshot.rows.values()),
+                "tables": len(snapshot.rows),
+                "seconds": round(result.snapshot_seconds, 3),
+                "lsn": state.consistent_point,
+            },
         )
+        self.observer.snapshot_finished(sum(snapshot.rows.values()), result.snapshot_seconds)
         return state
 
     def _stream(
@@ -371,6 +530,8 @@ class Pipeline:
         until_caught_up: bool,
         result: RunResult,
         on_started: Callable[[Pipeline], None] | None,
+        *,
+        health: SlotHealth | None = None,
     ) -> None:
         from pgcdc.spark import is_schema_changed, read_stream
 
@@ -406,20 +567,36 @@ class Pipeline:
                 )
             query = query_writer.queryName(f"pgcdc_{source.slot}").start()
             self._query = query
+            start = None if health is None else health.confirmed_flush_lsn
+            target = None if health is None else health.server_lsn
             log.info(
-                "stream started (query %s, checkpoint %s, %s)",
+                "stream started (query %s, checkpoint %s, %s) at %s",
                 query.id,
                 checkpoint,
                 "until caught up" if until_caught_up else "continuous",
+                start if start is not None else "the checkpoint",
+                extra={
+                    "slot": source.slot,
+                    "lsn": None if start is None else str(start),
+                    "server_lsn": None if target is None else str(target),
+                    "mode": "until caught up" if until_caught_up else "continuous",
+                },
             )
+            if restarts == 0:
+                self.observer.stream_started(start, target, until_caught_up)
             if on_started is not None and restarts == 0:
                 on_started(self)
             error: BaseException | None
             try:
                 while not query.awaitTermination(1):
+                    if self._fatal is not None:
+                        query.stop()
+                        break
                     if self._stop.is_set():
                         _stop_between_batches(query)
                         break
+                if self._fatal is not None:
+                    return
                 error = query.exception()
             except Exception as exc:  # awaitTermination raises the query's failure
                 error = exc
@@ -429,12 +606,19 @@ class Pipeline:
                 if until_caught_up:
                     self.drop_gone_columns()
                 return
+            if self._fatal is not None:
+                return
             if is_schema_changed(error) and restarts < MAX_SCHEMA_RESTARTS:
                 restarts += 1
                 result.restarts = restarts
                 self.restarts += 1
-                log.info("schema change in the source: restarting the query (%s)", restarts)
+                log.info(
+                    "schema change in the source: restarting the query (%s)",
+                    restarts,
+                    extra={"restarts": restarts},
+                )
                 continue
+            self.metrics.record_error("stream")
             raise PipelineError(
                 f"the stream failed: {scrub_secrets(_first_line(error))}"
             ) from error

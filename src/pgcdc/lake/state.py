@@ -4,6 +4,12 @@ It records which source the lake mirrors (server system identifier, database, sl
 publication), which tables, the snapshot generation and whether its initial copy finished
 (``snapshot_done``), the slot's consistent point, and the streaming checkpoint and Delta
 application id the stream uses. Writes are atomic (a temporary file renamed over the old one).
+
+``publication_created`` says whether pgcdc created the publication (``pgcdc drop`` drops only
+such a one; state files written before this field existed read as False: keep it).
+``dropped_at`` is set by ``pgcdc drop`` when it dropped the slot: ``run`` then refuses to
+start (the changes since the slot's position are gone), instead of copying everything again
+into a lake that still holds the old tables; moving the lake away starts over.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ class PipelineState:
     snapshot_started_at: str | None = None  # ISO time: the snapshot rows' time in the lake
     snapshot_done: bool = False
     snapshot_rows: dict[str, int] = field(default_factory=dict)
+    publication_created: bool = False  # pgcdc created the publication (pgcdc drop drops it)
+    dropped_at: str | None = None  # ISO time pgcdc drop dropped the slot
     created_at: str = field(default_factory=_now)
     updated_at: str = field(default_factory=_now)
     format: int = STATE_FORMAT

@@ -1,0 +1,213 @@
+"""``pgcdc drop``: remove what a pipeline created on the source, after confirmation.
+
+It drops the pipeline's replication slot, and its publication only if pgcdc created it (the
+lake's state records that; a publication that existed before, or any publication of a lake
+whose state predates that record, is kept), and nothing else: no other slot or publication,
+and never the lake's files (it says where they are). ``--keep-publication`` keeps the
+publication as well.
+
+It first prints exactly what it will drop, then asks to type the slot's name; ``--yes`` skips
+the question, and without ``--yes`` it refuses when stdin is not a terminal. A slot in use (a
+``pgcdc run`` is streaming from it) is an error unless ``--force``, which terminates that
+walsender first.
+
+Afterwards the lake's state records the drop (``dropped_at``): a later ``pgcdc run`` on that
+lake fails with a message saying the slot is gone and to move the lake away to start over, so
+it never copies everything again into a lake that holds the old tables.
+
+Exit codes: 0 dropped (or nothing left to drop); 1 a runtime error (slot in use without
+``--force``, server unreachable, permission denied), or the confirmation did not match; 2 bad
+usage (no ``--yes`` and stdin is not a terminal, a bad configuration, or a lake whose state
+names another slot than the configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+if TYPE_CHECKING:  # the lake is imported when the command runs
+    from pgcdc.lake.state import PipelineState
+    from pgcdc.lake.tables import LakeLayout
+
+log = logging.getLogger("pgcdc.drop")
+
+NAME = "drop"
+
+
+def register(sub: Any) -> tuple[str, Callable[[argparse.Namespace], int]]:
+    p = sub.add_parser(
+        NAME,
+        help="drop the slot and publication a pipeline created (pipeline.toml), after asking",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", required=True, type=Path, help="the pipeline.toml file")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument(
+        "--keep-publication",
+        action="store_true",
+        help="drop only the slot, keep the publication even if pgcdc created it",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="terminate the walsender using the slot (a running pgcdc run) before dropping it",
+    )
+    return NAME, run
+
+
+def _say(console: Console, text: str, style: str | None = None) -> None:
+    console.print(text, style=style, highlight=False, markup=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pgcdc.lake.config import ConfigError, load_config
+    from pgcdc.lake.state import StateError, load_state
+    from pgcdc.lake.tables import LakeLayout
+    from pgcdc.replication import (
+        ReplicationError,
+        drop_publication,
+        drop_slot,
+        scrub_secrets,
+        slot_info,
+    )
+    from pgcdc.replication.database import connect_sql, server_name
+
+    console = Console(stderr=True)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        _say(console, str(exc), "red")
+        return 2
+    layout = LakeLayout(config.lake.path)
+    try:
+        state = load_state(layout)
+    except StateError as exc:
+        _say(console, f"pgcdc drop: {exc}", "red")
+        return 1
+    slot = config.source.slot
+    publication = config.source.publication
+    if state is not None and (state.slot != slot or state.publication != publication):
+        _say(
+            console,
+            f"pgcdc drop: the lake {layout.root} belongs to a pipeline with slot {state.slot!r} "
+            f"and publication {state.publication!r}, but the configuration names {slot!r} and "
+            f"{publication!r}: fix source.slot / source.publication (nothing was dropped)",
+            "red",
+        )
+        return 2
+    try:
+        dsn = config.source.resolved_dsn()
+        with connect_sql(dsn, connect_timeout=config.source.connect_timeout) as conn:
+            server = server_name(conn)
+            info = slot_info(conn, slot)
+            row = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s)",
+                (publication,),
+            ).fetchone()
+            publication_exists = bool(row and row[0])
+            created = state is not None and state.publication_created
+            drop_pub = publication_exists and created and not args.keep_publication
+
+            plan: list[str] = []
+            keep: list[str] = []
+            if info is not None:
+                use = (
+                    f", in use by process {info.active_pid}"
+                    if info.active and info.active_pid is not None
+                    else ""
+                )
+                plan.append(f"replication slot {slot} on {server}{use}")
+            else:
+                keep.append(f"replication slot {slot}: not on {server} (nothing to drop)")
+            if drop_pub:
+                plan.append(f"publication {publication} (created by pgcdc)")
+            elif not publication_exists:
+                keep.append(f"publication {publication}: does not exist")
+            elif args.keep_publication:
+                keep.append(f"publication {publication}: kept (--keep-publication)")
+            elif state is None:
+                keep.append(
+                    f"publication {publication}: kept (the lake has no pipeline state, so "
+                    "pgcdc cannot tell it created it; DROP PUBLICATION it yourself if so)"
+                )
+            else:
+                keep.append(f"publication {publication}: kept (it existed before the pipeline)")
+            keep.append(f"the lake {layout.root}: kept (delete the folder yourself if unwanted)")
+
+            if not plan:
+                _say(console, "pgcdc drop: nothing to drop")
+                for line in keep:
+                    _say(console, f"  {line}")
+                _mark_dropped(state, layout, dropped=False)
+                return 0
+            _say(console, "pgcdc drop will drop:")
+            for line in plan:
+                _say(console, f"  {line}", "bold")
+            _say(console, "and keep:")
+            for line in keep:
+                _say(console, f"  {line}")
+            if info is not None and info.active and not args.force:
+                _say(
+                    console,
+                    f"pgcdc drop: replication slot {slot} is in use by process "
+                    f"{info.active_pid} (a running pgcdc run?): stop it first, or pass --force to "
+                    "terminate that walsender (nothing was dropped)",
+                    "red",
+                )
+                return 1
+            if not args.yes:
+                if not sys.stdin.isatty():
+                    _say(
+                        console,
+                        "pgcdc drop: stdin is not a terminal, so it cannot ask for "
+                        "confirmation: pass --yes to drop without asking (nothing was dropped)",
+                        "red",
+                    )
+                    return 2
+                console.print(f"type the slot name ({slot}) to confirm: ", end="")
+                answer = sys.stdin.readline().strip()
+                if answer != slot:
+                    _say(console, "pgcdc drop: not confirmed, nothing was dropped", "red")
+                    return 1
+            if info is not None:
+                dropped = drop_slot(conn, slot, terminate_active=args.force, missing_ok=True)
+                log.info("dropped replication slot %s", slot, extra={"slot": slot})
+                _say(console, f"dropped replication slot {slot}" if dropped else "slot gone")
+            if drop_pub:
+                drop_publication(conn, publication, missing_ok=True)
+                log.info("dropped publication %s", publication, extra={"publication": publication})
+                _say(console, f"dropped publication {publication}")
+    except ConfigError as exc:
+        _say(console, str(exc), "red")
+        return 2
+    except ReplicationError as exc:
+        _say(console, f"pgcdc drop: {scrub_secrets(str(exc))}", "red")
+        return 1
+    _mark_dropped(state, layout, dropped=True)
+    if state is not None:
+        _say(
+            console,
+            f"the lake {layout.root} is kept; pgcdc run refuses to use it again (move it away "
+            "to start over)",
+        )
+    return 0
+
+
+def _mark_dropped(state: PipelineState | None, layout: LakeLayout, *, dropped: bool) -> None:
+    """Record the drop in the lake's state (a later run then refuses to copy into it)."""
+    from pgcdc.lake.state import save_state
+
+    if state is None or state.dropped_at is not None:
+        return
+    if not dropped and not state.snapshot_done and state.consistent_point is None:
+        return  # no slot was ever created for this state
+    save_state(layout, state.evolve(dropped_at=datetime.now(UTC).isoformat(timespec="seconds")))

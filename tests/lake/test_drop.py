@@ -1,0 +1,147 @@
+"""``pgcdc drop``: asks first (refuses without ``--yes`` when it cannot ask), drops the
+pipeline's slot and the publication pgcdc created and nothing else, keeps the lake, and a later
+``run`` on that lake fails with the message saying the slot is gone instead of copying again."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgcdc.cli import main
+from pgcdc.lake.state import PipelineState, load_state, save_state
+from pgcdc.lake.tables import LakeLayout
+from tests.fix_pg import PgDatabase
+from tests.lake.test_status import write_config
+
+
+def slots(pg: PgDatabase) -> list[str]:
+    return [str(r[0]) for r in pg.execute("SELECT slot_name FROM pg_replication_slots ORDER BY 1")]
+
+
+def publications(pg: PgDatabase) -> list[str]:
+    return [str(r[0]) for r in pg.execute("SELECT pubname FROM pg_publication ORDER BY 1")]
+
+
+def lake_files(lake: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(lake)): p.stat().st_mtime_ns
+        for p in lake.rglob("*")
+        if p.is_file() and p.name != "state.json"
+    }
+
+
+@pytest.mark.slow
+def test_drop_removes_its_slot_and_publication_only(
+    pg: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int)")
+    pg.execute("CREATE TABLE others (id int PRIMARY KEY)")
+    pg.execute("INSERT INTO items SELECT g, g FROM generate_series(1, 20) g")
+    pg.execute("CREATE PUBLICATION other_pub FOR TABLE others")
+    pg.execute("SELECT pg_create_logical_replication_slot('other_slot', 'pgoutput')")
+    config = write_config(tmp_path, pg.dsn())
+    assert main(["run", "--config", str(config), "--until-caught-up"]) == 0
+    assert slots(pg) == ["ops_slot", "other_slot"]
+    assert publications(pg) == ["ops_pub", "other_pub"]
+    lake = tmp_path / "lake"
+    before = lake_files(lake)
+    capsys.readouterr()
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("ops_slot\n"))  # not a terminal
+    assert main(["drop", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "replication slot ops_slot" in err and "publication ops_pub (created by pgcdc)" in err
+    assert "stdin is not a terminal" in err and "--yes" in err
+    assert slots(pg) == ["ops_slot", "other_slot"] and publications(pg) == ["ops_pub", "other_pub"]
+
+    assert main(["drop", "--config", str(config), "--yes"]) == 0
+    err = capsys.readouterr().err
+    assert "dropped replication slot ops_slot" in err and "dropped publication ops_pub" in err
+    assert f"the lake {lake}" in err
+    assert slots(pg) == ["other_slot"] and publications(pg) == ["other_pub"]
+    assert lake_files(lake) == before  # the lake is untouched
+    state = load_state(LakeLayout(lake))
+    assert state is not None and state.dropped_at is not None
+
+    assert main(["run", "--config", str(config), "--until-caught-up"]) == 1
+    err = capsys.readouterr().err
+    assert "was dropped by pgcdc drop" in err and "move the lake away" in err
+    assert slots(pg) == ["other_slot"] and publications(pg) == ["other_pub"]
+    assert lake_files(lake) == before  # no new copy
+    assert main(["status", "--config", str(config)]) == 1
+    assert "dropped" in capsys.readouterr().out
+    assert main(["drop", "--config", str(config), "--yes"]) == 0  # nothing left: fine
+    assert "nothing to drop" in capsys.readouterr().err
+
+
+def test_drop_keeps_a_publication_it_did_not_create(
+    pg: PgDatabase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A lake whose state says the publication existed before (as an older state file without
+    the field reads too): only the slot goes."""
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY)")
+    pg.execute("CREATE PUBLICATION ops_pub FOR TABLE items")
+    point = pg.execute(
+        "SELECT lsn::text FROM pg_create_logical_replication_slot('ops_slot', 'pgoutput')"
+    )
+    system, database = pg.execute(
+        "SELECT system_identifier::text, current_database() FROM pg_control_system()"
+    )[0]
+    layout = LakeLayout(tmp_path / "lake")
+    state = PipelineState.new(
+        system_identifier=str(system),
+        database=str(database),
+        slot="ops_slot",
+        publication="ops_pub",
+        tables=("public.items",),
+    ).evolve(consistent_point=str(point[0][0]), snapshot_done=True)
+    save_state(layout, state)
+    config = write_config(tmp_path, pg.dsn())
+    assert main(["drop", "--config", str(config), "--yes"]) == 0
+    err = capsys.readouterr().err
+    assert "publication ops_pub: kept (it existed before the pipeline)" in err
+    assert slots(pg) == [] and publications(pg) == ["ops_pub"]
+
+
+def test_drop_refuses_a_slot_in_use_without_force(
+    pg: PgDatabase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY)")
+    pg.execute("SELECT pg_create_logical_replication_slot('ops_slot', 'pgoutput')")
+    config = write_config(tmp_path, pg.dsn())
+    # a walsender streaming from the slot (a replication connection)
+    repl = psycopg.connect(pg.dsn(replication="database"), autocommit=True)
+    try:
+        pid = repl.info.backend_pid
+        repl.pgconn.send_query(
+            b"START_REPLICATION SLOT ops_slot LOGICAL 0/0 "
+            b"(proto_version '1', publication_names 'ops_pub')"
+        )
+        pg.execute("CREATE PUBLICATION ops_pub FOR TABLE items")
+        active = [(False,)]
+        for _ in range(100):
+            active = pg.execute(
+                "SELECT active FROM pg_replication_slots WHERE slot_name='ops_slot'"
+            )
+            if active == [(True,)]:
+                break
+            time.sleep(0.05)
+        assert active == [(True,)]
+        assert main(["drop", "--config", str(config), "--yes"]) == 1
+        err = capsys.readouterr().err
+        assert f"in use by process {pid}" in err and "--force" in err
+        assert slots(pg) == ["ops_slot"]
+        assert main(["drop", "--config", str(config), "--yes", "--force"]) == 0
+        assert "dropped replication slot ops_slot" in capsys.readouterr().err
+    finally:
+        repl.close()
+    assert slots(pg) == [] and publications(pg) == ["ops_pub"]  # no state: publication kept
