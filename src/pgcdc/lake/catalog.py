@@ -31,6 +31,7 @@ from pgcdc.replication import (
     PublicationInfo,
     PublicationTable,
     ReplicationError,
+    ReplicationPermissionError,
     create_publication,
     publication_info,
 )
@@ -272,6 +273,75 @@ def _same_tables(a: PublicationInfo, b: PublicationInfo) -> bool:
     return norm(a) == norm(b) and a.via_partition_root == b.via_partition_root
 
 
+def _published_as_configured(
+    existing: PublicationInfo, specs: Sequence[PublicationTable], via_root: bool
+) -> PublicationInfo:
+    """``existing`` if it publishes the configured tables (row filters present where configured,
+    compared by presence only: without the dry run the server cannot print them), else the
+    ConfigError of a different publication."""
+    published = {(t.schema, t.name): t.row_filter is not None for t in existing.tables}
+    configured = {(t.schema or "public", t.name): t.where is not None for t in specs}
+    if published != configured or existing.via_partition_root != via_root:
+        raise ConfigError(
+            [
+                (
+                    "source.publication",
+                    f"publication {existing.name!r} exists but publishes other tables, row "
+                    "filters or via_partition_root than [[tables]] asks for (and this role may "
+                    "not create publications to compare them exactly): drop it so pgcdc creates "
+                    "it, or make [[tables]] match it",
+                )
+            ]
+        )
+    if any(configured.values()):
+        log.warning(
+            "publication %s: this role may not create publications, so the row filters of "
+            "[[tables]] are not compared with the publication's; the publication's apply",
+            existing.name,
+        )
+    return existing
+
+
+def _privilege_problems(
+    conn: psycopg.Connection[Any], tables: Sequence[SourceTable]
+) -> list[tuple[str, str]]:
+    """What the connecting role lacks to run the pipeline: REPLICATION (the slot) and SELECT
+    on each published table (the initial copy)."""
+    problems: list[tuple[str, str]] = []
+    row = conn.execute(
+        "SELECT current_user::text, rolreplication OR rolsuper FROM pg_roles "
+        "WHERE rolname = current_user"
+    ).fetchone()
+    user = str(row[0]) if row is not None else "?"
+    if row is not None and not row[1]:
+        problems.append(
+            (
+                "source.dsn",
+                f"role {user!r} lacks the REPLICATION attribute a logical replication slot "
+                f"needs: ALTER ROLE {sql.Identifier(user).as_string(conn)} REPLICATION, or "
+                "connect as a role that has it",
+            )
+        )
+    oids = [t.oid for t in tables]
+    allowed = dict(
+        conn.execute(
+            "SELECT o, has_table_privilege(o::oid, 'SELECT') FROM unnest(%s::bigint[]) o",
+            (oids,),
+        ).fetchall()
+    )
+    for table in (t for t in tables if not allowed.get(t.oid, True)):
+        name = sql.Identifier(table.schema, table.name).as_string(conn)
+        problems.append(
+            (
+                "source.dsn",
+                f"permission denied: role {user!r} may not SELECT from {table.table_id} (the "
+                f"initial copy reads it): GRANT SELECT ON {name} TO "
+                f"{sql.Identifier(user).as_string(conn)}",
+            )
+        )
+    return problems
+
+
 def plan_source(dsn: str, config: PipelineConfig) -> SourcePlan:
     """Resolve the configuration against the source database; creates nothing."""
     with connect_sql(dsn, connect_timeout=config.source.connect_timeout) as conn:
@@ -341,6 +411,12 @@ def _plan(conn: psycopg.Connection[Any], config: PipelineConfig) -> SourcePlan:
             if specs
             else existing
         )
+    except ReplicationPermissionError as exc:
+        if existing is None:
+            raise ConfigError([("tables", f"PostgreSQL refuses the publication: {exc}")]) from None
+        # a role that may not create publications (REPLICATION and SELECT are all a running
+        # pipeline needs) checks the existing publication's table list without the dry run
+        wanted = _published_as_configured(existing, specs, config.source.via_partition_root)
     except ReplicationError as exc:
         raise ConfigError([("tables", f"PostgreSQL refuses the publication: {exc}")]) from None
     assert wanted is not None
@@ -419,6 +495,7 @@ def _plan(conn: psycopg.Connection[Any], config: PipelineConfig) -> SourcePlan:
             )
         )
         source_tables.append(table)
+    problems.extend(_privilege_problems(conn, source_tables))
     if problems:
         raise ConfigError(problems)
     if not lake_tables:
@@ -490,13 +567,14 @@ def source_columns(dsn: str, table: LakeTable) -> list[str]:
     return [r[0] for r in rows]
 
 
-def ensure_publication(dsn: str, config: PipelineConfig, plan: SourcePlan) -> None:
-    """Create the planned publication unless it already exists."""
+def ensure_publication(dsn: str, config: PipelineConfig, plan: SourcePlan) -> bool:
+    """Create the planned publication unless it already exists; whether it was created."""
     if plan.publication_exists:
-        return
+        return False
     create_publication(
         dsn,
         config.source.publication,
         tables=plan.publication_tables,
         via_partition_root=plan.via_partition_root,
     )
+    return True

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,17 @@ def remove_tables(layout: LakeLayout, tables: Sequence[LakeTable]) -> None:
                 log.info("removed %s %s of an unfinished snapshot", table.table_id, kind)
 
 
+def _activate(spark: Any) -> None:
+    """Make ``spark`` the JVM's active session on this thread. Spark looks Python data sources
+    (``pgcdc_lake_files``) up in the active session, which a thread other than the one that
+    created the session (py4j gives each Python thread its own JVM thread) does not have: the
+    write would fail with DATA_SOURCE_NOT_FOUND. Spark Connect sessions have no JVM here."""
+    jsession = getattr(spark, "_jsparkSession", None)
+    jvm = getattr(spark, "_jvm", None)
+    if jsession is not None and jvm is not None:
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
+
+
 def write_snapshot(
     snapshot_df: Any,
     layout: LakeLayout,
@@ -117,17 +128,24 @@ def write_snapshot(
     started_at: datetime,
     app_id: str,
     generation: int,
+    on_progress: Callable[[str | None, int], None] | None = None,
 ) -> SnapshotResult:
-    """Copy every table of ``snapshot_df`` (the source's batch reader) into the lake."""
+    """Copy every table of ``snapshot_df`` (the source's batch reader) into the lake.
+
+    ``on_progress`` (progress displays) is called with ``(None, rows read)`` once the copy is
+    read, then with ``(table id, mirror rows)`` as each table is written."""
     from pyspark import StorageLevel
     from pyspark.sql.pandas.types import to_arrow_schema
 
     result = SnapshotResult()
     started = time.monotonic()
+    _activate(snapshot_df.sparkSession)
     df = snapshot_df.persist(StorageLevel.DISK_ONLY)
     try:
         total = df.count()
         log.info("snapshot at %s: %s rows read from the source", consistent_point, total)
+        if on_progress is not None:
+            on_progress(None, int(total))
         for table in tables:
             column = table_columns[table.table_id]
             if column not in df.columns:
@@ -158,6 +176,8 @@ def write_snapshot(
                 if kind == "mirror":
                     result.rows[table.table_id] = count
                 log.info("snapshot of %s %s: %s rows", table.table_id, kind, count)
+            if on_progress is not None:
+                on_progress(table.table_id, result.rows.get(table.table_id, 0))
     finally:
         df.unpersist()
     result.seconds = time.monotonic() - started

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from pgcdc.protocol.decoder import Decoder
+from pgcdc.protocol.errors import ProtocolError
 from pgcdc.protocol.messages import (
     Begin,
     Commit,
@@ -54,6 +55,13 @@ _R, _Y, _I, _U, _D, _T, _M, _O = (ord(c) for c in "RYIUDTMO")
 _CHANGES = frozenset((_I, _U, _D))
 _XID_IN_STREAM = frozenset((_R, _Y, _I, _U, _D, _T, _M))
 _TWO_PHASE = frozenset(ord(c) for c in "bPKrp")
+
+
+def _read_i32(payload: bytes, at: int) -> int:
+    """A Truncate's relation count, read without decoding the message."""
+    if len(payload) < at + _I32.size:
+        raise ProtocolError(chr(payload[0]), len(payload), "message too short for its count")
+    return int(_I32.unpack_from(payload, at)[0])
 
 
 def unix_micros(moment: datetime) -> int:
@@ -168,7 +176,7 @@ class Framer:
             if kind in _CHANGES:
                 txn.rows += 1
             elif kind == _T:
-                txn.rows += _I32.unpack_from(payload, 1)[0]
+                txn.rows += _read_i32(payload, 1)
             elif kind in (_R, _Y):
                 message = self._decode(payload)
                 self._capture(txn, message, payload, offset)
@@ -248,6 +256,8 @@ class Framer:
             self._block = None
             return None
         if kind in _XID_IN_STREAM:
+            if len(payload) < 1 + _U32.size:
+                raise ProtocolError(chr(kind), len(payload), "message too short for its Xid")
             subxid = _U32.unpack_from(payload, 1)[0]
             if subxid not in (stream.xid, stream.last_sub):
                 stream.last_sub = subxid
@@ -265,7 +275,7 @@ class Framer:
             if kind in _CHANGES:
                 stream.rows += 1
             elif kind == _T:
-                stream.rows += _I32.unpack_from(payload, 5)[0]
+                stream.rows += _read_i32(payload, 5)
             elif kind in (_R, _Y):
                 self._capture(stream, self._decode(payload), payload, offset)
         elif kind != _O:

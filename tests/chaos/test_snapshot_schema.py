@@ -1,0 +1,102 @@
+"""Schema changes while the initial snapshot is being copied.
+
+The copy runs in many short transactions (one per ctid range) that import the slot's exported
+snapshot. Another session's DDL (``ADD COLUMN`` with a default, ``DROP COLUMN``, and ``ALTER
+COLUMN TYPE int -> bigint``, which rewrites the table) waits for the copy's locks and applies in
+the middle of it, followed by inserts, updates and deletes that the stream carries with the new
+Relation. The pipeline must end right: either the first run is right, or it fails with a clear
+error and the next run (which copies again) is right. Right means the mirror equals the source
+(the new column in, the dropped one out, the widened values intact) and the history's current
+versions equal the mirror.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgcdc.lake.pipeline import Pipeline, PipelineError, RunResult
+from pgcdc.lake.writer import DeltaTarget
+from tests.fix_pg import PgDatabase
+from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
+
+pytestmark = pytest.mark.slow
+
+ROWS = 200_000
+
+DDL = (
+    "ALTER TABLE big ADD COLUMN extra int NOT NULL DEFAULT 7",
+    "ALTER TABLE big DROP COLUMN doomed",
+    "ALTER TABLE big ALTER COLUMN n TYPE bigint",
+)
+DML = (
+    "UPDATE big SET n = n + 10000000000 WHERE id % 5000 = 0",
+    "INSERT INTO big (id, n, payload, extra) SELECT g, g * 10000000000, 'new', -g "
+    f"FROM generate_series({ROWS + 1}, {ROWS + 50}) g",
+    "DELETE FROM big WHERE id % 7000 = 1",
+    "UPDATE big SET extra = 8 WHERE id % 9000 = 2",
+)
+
+
+def _copy_running(pg: PgDatabase) -> bool:
+    rows = pg.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND state = 'active' AND query LIKE 'COPY (SELECT%%big%%'"
+    )
+    return bool(rows[0][0])
+
+
+def test_schema_changes_during_the_initial_copy(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
+    pg.execute(
+        "CREATE TABLE big (id int PRIMARY KEY, n int NOT NULL, doomed text, payload text);"
+        "INSERT INTO big SELECT g, g, 'doomed ' || g, md5(g::text) "
+        f"FROM generate_series(1, {ROWS}) g"
+    )
+    config = make_config(
+        pg,
+        tmp_path / "lake",
+        [{"name": "big", "history": True}],
+        stream={"snapshot_partitions_per_table": 24},
+    )
+    first = Pipeline(config, spark=spark)
+    outcome: list[RunResult | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(first.run(until_caught_up=True))
+        except BaseException as exc:  # reported below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 240
+    while not _copy_running(pg):
+        assert thread.is_alive() and time.monotonic() < deadline, f"no copy seen: {outcome}"
+        time.sleep(0.005)
+    started = time.monotonic()
+    for statement in DDL:  # each waits for the copy's ACCESS SHARE locks of the moment
+        pg.execute(statement)
+    ddl_done = time.monotonic()
+    for statement in DML:
+        pg.execute(statement)
+    thread.join(600)
+    assert not thread.is_alive() and len(outcome) == 1
+    print(f"DDL waited {ddl_done - started:.2f} s; first run: {outcome[0]!r}")
+    if isinstance(outcome[0], BaseException):
+        # a failed copy must say so clearly, and the next start copies again
+        assert isinstance(outcome[0], PipelineError), outcome[0]
+        assert "copy" in str(outcome[0]) and "again" in str(outcome[0]), outcome[0]
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.run(until_caught_up=True)
+    assert_equal(pipeline)
+    assert pipeline.plan is not None
+    table = pipeline.plan.table("public.big")
+    assert_history_matches_mirror(pipeline, table)
+    mirror = DeltaTarget(table.path(pipeline.layout)).read()
+    assert "doomed" not in mirror.column_names and "extra" in mirror.column_names
+    assert mirror.num_rows == ROWS + 50 - len(range(1, ROWS + 51, 7000))
+    assert max(mirror.column("n").to_pylist()) == (ROWS + 50) * 10_000_000_000
