@@ -115,6 +115,7 @@ def test_quoted_unicode_identifiers_end_to_end(pg: PgDatabase, spark: Any, tmp_p
         _stmt(pg, "DELETE FROM {t} WHERE {c0} IN (8, 9, 22)", table)
         _stmt(pg, "UPDATE {t} SET {c0} = 2000 WHERE {c0} = 10", table)  # leaves the filter
         _stmt(pg, "UPDATE {t} SET {c0} = 500 WHERE {c0} = 1000", table)  # enters the filter
+    pipeline = Pipeline(config, spark=spark)  # as a new start does: plans again
     result = pipeline.run(until_caught_up=True)  # the stream
     assert result.resumed and result.changes > 0
     assert_equal(pipeline)

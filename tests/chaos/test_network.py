@@ -76,6 +76,7 @@ class Writer:
         self.running.set()
 
 
+@pytest.mark.parametrize("pg_server", [18], indirect=True, ids=["pg18"])
 def test_cuts_and_server_restart_lose_and_double_nothing(
     pg: PgDatabase, spark: Any, proxy_factory: type[TcpProxy], tmp_path: Path
 ) -> None:

@@ -4,10 +4,12 @@ The copy runs in many short transactions (one per ctid range) that import the sl
 snapshot. Another session's DDL (``ADD COLUMN`` with a default, ``DROP COLUMN``, and ``ALTER
 COLUMN TYPE int -> bigint``, which rewrites the table) waits for the copy's locks and applies in
 the middle of it, followed by inserts, updates and deletes that the stream carries with the new
-Relation. The pipeline must end right: either the first run is right, or it fails with a clear
-error and the next run (which copies again) is right. Right means the mirror equals the source
-(the new column in, the dropped one out, the widened values intact) and the history's current
-versions equal the mirror.
+Relation. Two orders: ``drop`` (the copy's next ranges fail on the dropped column), and
+``rewrite`` (after the rewrite the exported snapshot sees the table empty: without a check the
+copy silently missed the rows of its remaining ranges). The pipeline must end right: either
+the first run is right, or it fails with a clear error and the next run (which copies again) is
+right. Right means the mirror equals the source (the new column in, the dropped one out, the
+widened values intact) and the history's current versions equal the mirror.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from pgcdc.lake.pipeline import Pipeline, PipelineError, RunResult
@@ -28,33 +31,39 @@ pytestmark = pytest.mark.slow
 
 ROWS = 200_000
 
-DDL = (
-    "ALTER TABLE big ADD COLUMN extra int NOT NULL DEFAULT 7",
-    "ALTER TABLE big DROP COLUMN doomed",
-    "ALTER TABLE big ALTER COLUMN n TYPE bigint",
-)
-DML = (
-    "UPDATE big SET n = n + 10000000000 WHERE id % 5000 = 0",
-    "INSERT INTO big (id, n, payload, extra) SELECT g, g * 10000000000, 'new', -g "
-    f"FROM generate_series({ROWS + 1}, {ROWS + 50}) g",
-    "DELETE FROM big WHERE id % 7000 = 1",
-    "UPDATE big SET extra = 8 WHERE id % 9000 = 2",
+ADD = "ALTER TABLE big ADD COLUMN extra int NOT NULL DEFAULT 7"
+DROP = "ALTER TABLE big DROP COLUMN doomed"
+WIDEN = "ALTER TABLE big ALTER COLUMN n TYPE bigint"  # rewrites the table
+DML: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("UPDATE big SET n = n + 10000000000 WHERE id %% 5000 = 0", ()),
+    (
+        "INSERT INTO big (id, n, payload, extra) "
+        "SELECT g, g * 10000000000, 'new', -g FROM generate_series(%s, %s) g",
+        (ROWS + 1, ROWS + 50),
+    ),
+    ("DELETE FROM big WHERE id %% 7000 = 1", ()),
+    ("UPDATE big SET extra = 8 WHERE id %% 9000 = 2", ()),
 )
 
 
-def _copy_running(pg: PgDatabase) -> bool:
-    rows = pg.execute(
+def _copy_running(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
+    """Whether a transaction of the copy (one ctid range of ``big``) is open right now."""
+    rows = conn.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND state = 'active' AND query LIKE 'COPY (SELECT%%big%%'"
-    )
+        "AND pid <> pg_backend_pid() AND state IN ('active', 'idle in transaction') "
+        "AND query LIKE 'COPY (SELECT%big%'"
+    ).fetchall()
     return bool(rows[0][0])
 
 
-def test_schema_changes_during_the_initial_copy(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("ddl", [(ADD, DROP, WIDEN), (WIDEN, ADD)], ids=["drop", "rewrite"])
+def test_schema_changes_during_the_initial_copy(
+    pg: PgDatabase, spark: Any, tmp_path: Path, ddl: tuple[str, ...]
+) -> None:
+    pg.execute("CREATE TABLE big (id int PRIMARY KEY, n int NOT NULL, doomed text, payload text)")
     pg.execute(
-        "CREATE TABLE big (id int PRIMARY KEY, n int NOT NULL, doomed text, payload text);"
-        "INSERT INTO big SELECT g, g, 'doomed ' || g, md5(g::text) "
-        f"FROM generate_series(1, {ROWS}) g"
+        "INSERT INTO big SELECT g, g, 'doomed ' || g, md5(g::text) FROM generate_series(1, %s) g",
+        (ROWS,),
     )
     config = make_config(
         pg,
@@ -74,15 +83,16 @@ def test_schema_changes_during_the_initial_copy(pg: PgDatabase, spark: Any, tmp_
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 240
-    while not _copy_running(pg):
-        assert thread.is_alive() and time.monotonic() < deadline, f"no copy seen: {outcome}"
-        time.sleep(0.005)
+    with pg.connect() as watcher:
+        while not _copy_running(watcher):
+            assert thread.is_alive() and time.monotonic() < deadline, f"no copy seen: {outcome}"
+            time.sleep(0.002)
     started = time.monotonic()
-    for statement in DDL:  # each waits for the copy's ACCESS SHARE locks of the moment
+    for statement in ddl:  # each waits for the copy's ACCESS SHARE locks of the moment
         pg.execute(statement)
     ddl_done = time.monotonic()
-    for statement in DML:
-        pg.execute(statement)
+    for statement, params in DML:
+        pg.execute(statement, params)
     thread.join(600)
     assert not thread.is_alive() and len(outcome) == 1
     print(f"DDL waited {ddl_done - started:.2f} s; first run: {outcome[0]!r}")
@@ -97,6 +107,7 @@ def test_schema_changes_during_the_initial_copy(pg: PgDatabase, spark: Any, tmp_
     table = pipeline.plan.table("public.big")
     assert_history_matches_mirror(pipeline, table)
     mirror = DeltaTarget(table.path(pipeline.layout)).read()
-    assert "doomed" not in mirror.column_names and "extra" in mirror.column_names
+    assert ("doomed" in mirror.column_names) == (DROP not in ddl)
+    assert "extra" in mirror.column_names
     assert mirror.num_rows == ROWS + 50 - len(range(1, ROWS + 51, 7000))
     assert max(mirror.column("n").to_pylist()) == (ROWS + 50) * 10_000_000_000

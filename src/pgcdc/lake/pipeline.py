@@ -72,6 +72,7 @@ from pgcdc.replication import (
     SlotHealth,
     create_slot_with_snapshot,
     drop_slot,
+    publication_info,
     scrub_secrets,
     slot_info,
 )
@@ -337,7 +338,7 @@ class Pipeline:
                         confirmed=slot.confirmed_flush_lsn,
                     )
                 )
-            if not plan.publication_exists:
+            if publication_info(dsn, self.config.source.publication) is None:
                 raise PipelineError(
                     publication_gone_message(self.config.source.publication, self.layout.root)
                 )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -118,7 +119,9 @@ class DeltaTarget:
         if table is None:
             raise FileNotFoundError(f"no Delta table at {self.path}")
         schema = pa.schema(table.schema().to_arrow())
-        files = [uri.removeprefix("file://") for uri in table.file_uris()]
+        # delta-rs gives local files as percent-encoded URI paths (a space or non-ASCII
+        # letter in the lake path or a table folder): decode them for pyarrow
+        files = [unquote(uri.removeprefix("file://")) for uri in table.file_uris()]
         if not files:
             empty = schema.empty_table()
             return empty.select(columns) if columns is not None else empty

@@ -278,6 +278,7 @@ class PgcdcSnapshotReader(DataSourceReader):
                             sql.Literal(self.settings.snapshot)
                         )
                     )
+                    _check_not_rewritten(conn, table)
                 with conn.cursor().copy(query) as copy:
                     messages = copy_messages(_blocks(copy), table.relid, len(table.columns))
                     yield from decode_transactions(decoder, [(label, False, 0, messages)])
@@ -289,6 +290,34 @@ class PgcdcSnapshotReader(DataSourceReader):
             partition.part + 1,
             partition.parts,
             table.qualified,
+        )
+
+
+#: Heap files (of the table, or of its partitions) replaced since the snapshot: pg_class as the
+#: snapshot sees it against the current catalog (pg_relation_filenode)
+_REWRITTEN_SQL = sql.SQL(
+    "SELECT count(*) FROM pg_catalog.pg_class c WHERE (c.oid = {relid}::oid OR c.oid IN "
+    "(SELECT relid FROM pg_catalog.pg_partition_tree({relid}::oid::regclass))) "
+    "AND c.relfilenode <> 0 "
+    "AND pg_catalog.pg_relation_filenode(c.oid) IS DISTINCT FROM c.relfilenode"
+)
+
+
+def _check_not_rewritten(conn: psycopg.Connection[Any], table: CatalogTable) -> None:
+    """Fail if the table was rewritten (``ALTER TABLE ... TYPE``, a volatile ``DEFAULT``,
+    ``TRUNCATE``, ...) after the snapshot: its rows would look deleted to the snapshot, and a
+    copy would silently miss them. The lock keeps it from happening later, until the copy ends.
+    """
+    name = sql.Identifier(table.schema, table.name)
+    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(name))
+    row = conn.execute(_REWRITTEN_SQL.format(relid=sql.Literal(table.relid))).fetchone()
+    if row is not None and row[0]:
+        raise SparkSourceError(
+            f"{table.qualified} was rewritten (ALTER TABLE changing a column's type or adding "
+            "one with a volatile default, TRUNCATE, VACUUM FULL, CLUSTER) after the snapshot "
+            "was taken: a copy in that snapshot could miss its rows",
+            "copy again with a new snapshot (pgcdc run does so on its next start); avoid such "
+            "DDL while the initial copy runs",
         )
 
 
