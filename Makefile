@@ -22,10 +22,40 @@ typecheck:
 pytest:
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-bench: setup bench-decode
+# Chaos tests at full size: CHAOS_KILLS (default 20) kill -9s of `pgcdc run` per PostgreSQL
+# version, network faults, failures; `make test` runs them shortened (3 kills, PostgreSQL 18).
+# Replay a run with PGCDC_CHAOS_SEED=<the printed seed>.
+.PHONY: chaos
+CHAOS_KILLS ?= 20
+
+chaos: setup
+	CHAOS_KILLS=$(CHAOS_KILLS) $(PY) -m tools.chaos
+
+# Benchmarks (never part of `make test`; they never fail on speed). BENCH_SCALE=0.05 for a
+# quick run; results, README.md table and bench.png in bench-results/.
+.PHONY: bench-catchup bench-snapshot bench-memory bench-latency bench-report
+BENCH_ARGS ?=
+
+bench: setup
+	$(PY) -m tools.bench $(BENCH_ARGS)
 
 bench-decode: setup
 	$(PY) -m tools.bench.decode
+
+bench-catchup: setup
+	$(PY) -m tools.bench.catchup $(BENCH_ARGS)
+
+bench-snapshot: setup
+	$(PY) -m tools.bench.snapshot $(BENCH_ARGS)
+
+bench-memory: setup
+	$(PY) -m tools.bench.memory $(BENCH_ARGS)
+
+bench-latency: setup
+	$(PY) -m tools.bench.latency $(BENCH_ARGS)
+
+bench-report:
+	$(PY) -m tools.bench.report
 
 clean:
 	rm -rf .venv .tools .cache

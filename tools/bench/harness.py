@@ -1,0 +1,482 @@
+"""What every ``make bench`` benchmark shares: scale, throwaway servers, ``pgcdc run`` as a user
+runs it, process-tree memory sampling and the JSON result files.
+
+* ``--scale`` (or ``BENCH_SCALE``): a factor on every size (rows, bytes, seconds); 1 is the
+  issue's full sizes, 0.05 a quick run. Results record the scale they were measured at.
+* ``bench_cluster``: a throwaway PostgreSQL server tuned for bulk work (``BENCH_PG`` picks the
+  major version, default 15: its Debian install also has ``psql`` and ``pg_recvlogical``).
+* ``PgcdcRun``: a ``pipeline.toml`` in a scratch folder and ``python -m pgcdc run`` in a
+  subprocess (its own JVM and Spark, as a user runs it), timed, optionally with its process
+  tree's memory sampled from ``/proc``.
+* ``write_result``: ``bench-results/<name>.json`` with the scale and the machine.
+* ``BENCH_PROFILE=<dir>``: every ``pgcdc run`` is recorded by ``py-spy record --subprocesses``
+  (collapsed stacks in ``<dir>``; ``python -m tools.bench.profile <file>`` sums them up).
+
+Benchmarks are not tests: nothing here fails on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgcdc.cluster import Cluster, find_server
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = ROOT / "bench-results"
+
+#: Server settings for bulk work (on top of the Cluster defaults: wal_level=logical, fsync off).
+BENCH_SETTINGS: Mapping[str, str] = {
+    "shared_buffers": "512MB",
+    "max_wal_size": "16GB",
+    "min_wal_size": "1GB",
+    "checkpoint_timeout": "1h",
+    "logical_decoding_work_mem": "64MB",  # PostgreSQL's default (the test clusters use 64kB)
+    "wal_sender_timeout": "0",
+    "wal_receiver_timeout": "0",
+    "max_worker_processes": "16",
+    "max_logical_replication_workers": "8",
+    "work_mem": "64MB",
+    "maintenance_work_mem": "512MB",
+}
+
+
+def log(name: str, text: str) -> None:
+    print(f"[bench-{name}] {text}", file=sys.stderr, flush=True)
+
+
+# -- scale and results ---------------------------------------------------------------------
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    default = os.environ.get("BENCH_SCALE", "1")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=float(default),
+        help=f"factor on every size (1: the full sizes; 0.05: a quick run); default {default} "
+        "(BENCH_SCALE)",
+    )
+
+
+def scaled(value: float, scale: float, minimum: int = 1) -> int:
+    return max(minimum, round(value * scale))
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["memory_gb"] = round(int(line.split()[1]) / 2**20, 1)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    return info
+
+
+def write_result(name: str, scale: float, result: Mapping[str, Any]) -> Path:
+    """``bench-results/<name>.json``: the result with the benchmark's name, time, scale and
+    machine."""
+    data = {
+        "benchmark": name,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "scale": scale,
+        **result,
+        "machine": machine_info(),
+    }
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return path
+
+
+# -- servers and client programs -----------------------------------------------------------
+
+
+def bench_major() -> int:
+    return int(os.environ.get("BENCH_PG", "15"))
+
+
+@contextlib.contextmanager
+def bench_cluster(extra: Mapping[str, str] | None = None) -> Iterator[Cluster]:
+    """A throwaway server for one benchmark, stopped and removed afterwards (even on failure)."""
+    settings = dict(BENCH_SETTINGS)
+    settings.update(extra or {})
+    cluster = Cluster(bench_major(), settings=settings)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def client_program(name: str) -> Path:
+    """A PostgreSQL client program (``psql``, ``pg_recvlogical``) of the benchmark's major
+    version or, failing that, of any Debian install."""
+    candidates = [find_server(bench_major()).program(name)]
+    candidates += sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), reverse=True)
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise SystemExit(f"{name} not found: install the PostgreSQL client programs (postgresql-15)")
+
+
+def connect(cluster: Cluster) -> psycopg.Connection[Any]:
+    return psycopg.connect(cluster.dsn(), autocommit=True)
+
+
+def scalar(conn: psycopg.Connection[Any], query: Any, params: Any = None) -> Any:
+    row = conn.execute(query, params).fetchone()
+    return None if row is None else row[0]
+
+
+@contextlib.contextmanager
+def scratch_dir(name: str) -> Iterator[Path]:
+    """A scratch folder (lakes, configurations, logs), removed afterwards unless
+    ``BENCH_KEEP`` is set."""
+    path = Path(tempfile.mkdtemp(prefix=f"pgcdc-bench-{name}-"))
+    try:
+        yield path
+    finally:
+        if os.environ.get("BENCH_KEEP"):
+            print(f"kept {path}", file=sys.stderr)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+# -- process-tree memory ---------------------------------------------------------------------
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def process_tree(pid: int) -> list[int]:
+    tree = _children()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(tree.get(p, ()))
+    return out
+
+
+def _memory_kb(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of one process in kB (0, 0 if it is gone)."""
+    rss = pss = 0
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0, 0
+    for line in text.splitlines():
+        if line.startswith("Rss:"):
+            rss = int(line.split()[1])
+        elif line.startswith("Pss:"):
+            pss = int(line.split()[1])
+    return rss, pss
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+@dataclass
+class MemorySampler:
+    """Samples the RSS and PSS (summed over the process tree of ``pid``) every ``interval``
+    seconds on a thread; ``peak_*`` are the largest sums seen, ``by_process`` each process
+    kind's largest RSS (java, python, ...)."""
+
+    pid: int
+    interval: float = 0.2
+    peak_rss_kb: int = 0
+    peak_pss_kb: int = 0
+    by_process: dict[str, int] = field(default_factory=dict)
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> MemorySampler:
+        self._thread = threading.Thread(target=self._loop, name="bench-memory", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        started = time.monotonic()
+        while not self._stop.is_set():
+            rss = pss = 0
+            kinds: dict[str, int] = {}
+            for pid in process_tree(self.pid):
+                r, p = _memory_kb(pid)
+                rss += r
+                pss += p
+                kind = "driver (python)" if pid == self.pid else _name(pid)
+                kinds[kind] = kinds.get(kind, 0) + r
+            self.peak_rss_kb = max(self.peak_rss_kb, rss)
+            self.peak_pss_kb = max(self.peak_pss_kb, pss)
+            for kind, value in kinds.items():
+                self.by_process[kind] = max(self.by_process.get(kind, 0), value)
+            self.timeline.append((round(time.monotonic() - started, 2), rss))
+            self._stop.wait(self.interval)
+
+
+# -- pgcdc run, as a user runs it --------------------------------------------------------------
+
+PIPELINE_TOML = """\
+[source]
+dsn = "{dsn}"
+slot = "{slot}"
+publication = "{publication}"
+
+[lake]
+path = "{lake}"
+
+[spark]
+master = "{master}"
+
+[stream]
+{stream}
+{tables}
+"""
+
+
+@functools.cache
+def cli_module() -> str:
+    """``pgcdc`` (the real command line), or ``tools.bench.runner`` (the same ``run``
+    handler) when ``python -m pgcdc`` cannot start."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgcdc", "run", "--help"],
+        capture_output=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
+        check=False,
+    )
+    if proc.returncode == 0:
+        return "pgcdc"
+    print("`python -m pgcdc` fails to start: using tools.bench.runner", file=sys.stderr)
+    return "tools.bench.runner"
+
+
+_SNAPSHOT_LINE = re.compile(r"snapshot: (\d+) rows of (\d+) tables in ([0-9.]+) s")
+_BATCH_LINE = re.compile(r"batch \d+: (\d+) changes of .*?, ([0-9.]+) s$", re.MULTILINE)
+_ERROR_LINE = re.compile(r"OutOfMemory|maxResultSize|Killed|pgcdc run: |\w+(Error|Exception): ")
+_STREAM_LINE = re.compile(r"stream: (\d+) batches, (\d+) changes")
+
+
+@dataclass
+class RunOutcome:
+    """One ``pgcdc run`` process: wall time, exit code, what it printed, its memory."""
+
+    seconds: float
+    returncode: int
+    output: str
+    peak_rss_kb: int = 0
+    peak_pss_kb: int = 0
+    rss_by_process_kb: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def snapshot_seconds(self) -> float | None:
+        match = _SNAPSHOT_LINE.search(self.output)
+        return float(match.group(3)) if match else None
+
+    @property
+    def stream_changes(self) -> int | None:
+        match = _STREAM_LINE.search(self.output)
+        return int(match.group(2)) if match else None
+
+    @property
+    def stream_batches(self) -> int | None:
+        match = _STREAM_LINE.search(self.output)
+        return int(match.group(1)) if match else None
+
+    @property
+    def batches(self) -> list[tuple[int, float]]:
+        """``(changes, seconds)`` of each batch the pipeline logged (``batch N: ...``)."""
+        return [(int(m.group(1)), float(m.group(2))) for m in _BATCH_LINE.finditer(self.output)]
+
+    def error_lines(self, limit: int = 3) -> str:
+        """The distinct error lines of a failed run, the root causes first (out of memory,
+        ``Caused by: ...``), for the results."""
+        found: list[str] = []
+        for line in self.output.splitlines():
+            text = line.strip()
+            if text.startswith(("at ", "pgcdc run: source ")) or text in found:
+                continue
+            if _ERROR_LINE.search(text):
+                found.append(text[:300])
+        found.sort(key=lambda t: 0 if "OutOfMemory" in t else 1 if "Caused by" in t else 2)
+        return " | ".join(found[:limit]) or f"exit {self.returncode}"
+
+    def check(self, what: str) -> RunOutcome:
+        if self.returncode != 0:
+            tail = "\n".join(self.output.splitlines()[-40:])
+            raise RuntimeError(f"pgcdc run ({what}) exited {self.returncode}:\n{tail}")
+        return self
+
+
+@dataclass
+class PgcdcRun:
+    """A pipeline (configuration and lake in ``workdir``) run with ``python -m pgcdc run``."""
+
+    workdir: Path
+    dsn: str
+    tables: Sequence[str]
+    slot: str = "pgcdc_bench"
+    publication: str = "pgcdc_bench"
+    master: str = "local[2]"
+    stream: Mapping[str, Any] = field(default_factory=dict)
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def lake(self) -> Path:
+        return self.workdir / "lake"
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "pipeline.toml"
+
+    def write_config(self) -> Path:
+        tables = "".join(f'\n[[tables]]\nname = "{name}"\n' for name in self.tables)
+        stream = "\n".join(f"{k} = {json.dumps(v)}" for k, v in self.stream.items())
+        text = PIPELINE_TOML.format(
+            dsn=self.dsn,
+            slot=self.slot,
+            publication=self.publication,
+            lake=self.lake,
+            master=self.master,
+            stream=stream,
+            tables=tables,
+        )
+        if self.spark_conf:
+            conf = "\n".join(f'"{k}" = "{v}"' for k, v in self.spark_conf.items())
+            text += f"\n[spark.conf]\n{conf}\n"
+        self.config_path.write_text(text)
+        return self.config_path
+
+    def argv(self, until_caught_up: bool = True) -> list[str]:
+        level = os.environ.get("BENCH_LOG_LEVEL", "INFO")  # DEBUG: Spark/Delta time per batch
+        argv = [sys.executable, "-m", cli_module(), "--log-level", level, "run"]
+        argv += ["--config", str(self.write_config())]
+        if until_caught_up:
+            argv.append("--until-caught-up")
+        profile = os.environ.get("BENCH_PROFILE")
+        if profile:
+            # py-spy over the whole tree (driver and Spark's Python workers), collapsed stacks
+            out = Path(profile) / f"{self.workdir.name}-{time.time_ns()}.txt"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            spy = str(Path(sys.executable).parent / "py-spy")
+            argv = [spy, "record", "--subprocesses", "--format", "raw", "--rate", "50",
+                    "-o", str(out), "--", *argv]  # fmt: skip
+        return argv
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ, COLUMNS="200", PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        return env
+
+    def run(self, *, sample_memory: bool = False, timeout: float = 3 * 3600) -> RunOutcome:
+        """``pgcdc run --until-caught-up``; its wall time includes starting Python, the JVM
+        and Spark (what a scheduled run pays)."""
+        logfile = self.workdir / f"run-{time.time_ns()}.log"
+        with open(logfile, "w+") as out:
+            started = time.perf_counter()
+            proc = subprocess.Popen(
+                self.argv(), stdout=out, stderr=subprocess.STDOUT, env=self.env()
+            )
+            sampler = MemorySampler(proc.pid).start() if sample_memory else None
+            try:
+                returncode = proc.wait(timeout=timeout)
+            finally:
+                if proc.poll() is None:
+                    stop_process(proc)
+                if sampler is not None:
+                    sampler.stop()
+            seconds = time.perf_counter() - started
+            out.seek(0)
+            output = out.read()
+        outcome = RunOutcome(seconds, returncode, output)
+        if sampler is not None:
+            outcome.peak_rss_kb = sampler.peak_rss_kb
+            outcome.peak_pss_kb = sampler.peak_pss_kb
+            outcome.rss_by_process_kb = dict(sampler.by_process)
+        return outcome
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """A continuous ``pgcdc run`` (stop it with ``stop_process``); output goes to
+        ``run-continuous.log``."""
+        out = open(self.workdir / "run-continuous.log", "wb")  # noqa: SIM115 - owned by proc
+        return subprocess.Popen(
+            self.argv(until_caught_up=False), stdout=out, stderr=subprocess.STDOUT, env=self.env()
+        )
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 60.0) -> None:
+    """Ctrl-C (the pipeline stops after the current batch), then kill if it lingers; and any
+    of its children left behind."""
+    if proc.poll() is not None:
+        return
+    tree = process_tree(proc.pid)
+    proc.send_signal(2)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for pid in tree[1:]:
+        with contextlib.suppress(OSError):
+            os.kill(pid, 9)
+
+
+def wait_for(what: str, check: Any, timeout: float, interval: float = 0.05) -> float:
+    """Poll ``check()`` until true; the seconds it took. TimeoutError names ``what``."""
+    started = time.perf_counter()
+    deadline = started + timeout
+    while not check():
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{what}: not reached within {timeout:g} s")
+        time.sleep(interval)
+    return time.perf_counter() - started

@@ -1,0 +1,376 @@
+"""`make bench-report`: the benchmarks' JSON results as one markdown table and one plot.
+
+Reads ``bench-results/{decode,catchup,snapshot,memory,latency}.json`` (whichever exist) and
+writes ``bench-results/README.md`` (figure, pgcdc, anchor, ratio, goal, met?, what limits it,
+and the scale each was measured at) and ``bench-results/bench.png`` (matplotlib, Agg). Every
+ratio is pgcdc beside its anchor in the same run, on the same machine and data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tools.bench.harness import RESULTS_DIR
+
+BENCHMARKS = ("decode", "catchup", "snapshot", "memory", "latency")
+
+#: What limits each figure, from profiling (py-spy on the driver and the Python workers, the
+#: pipeline's INFO log); the JSON may carry its own ``limits`` text instead.
+LIMITS = {
+    "decode": (
+        "the per-message Python framing before the vectorised conversion (pgcdc); a Python "
+        "object per message and per value (pypgoutput)"
+    ),
+    "catchup": (
+        "Spark's work per micro-batch of 100,000 changes (--log-level DEBUG): reading, decoding "
+        "and persisting the batch (its first Spark job) and the mirror's Spark job (per-key "
+        "reduction, rows collected to the driver) take about 45% each, the delta-rs MERGE "
+        "commit 10-15%; each table in a batch costs 1.5-2 s of Spark even for one row; the "
+        "Python decode itself is under 0.1 s (py-spy: Python workers mostly idle). Plus a fixed "
+        "15 s per run (imports, JVM, Spark session, Python workers)"
+    ),
+    "snapshot": (
+        "the executors' read path: each COPY row re-framed in Python "
+        "(spark/snapshot.py copy_messages), decoded to Arrow, handed to the JVM and persisted "
+        "DISK_ONLY, then written as Parquet: 2 tasks on 2 cores; plus the Spark fixed cost. "
+        "COPY to /dev/null only formats text in one server process"
+    ),
+    "memory": (
+        "Spark itself: the JVM (1 GB default driver heap; it grows with the transaction and "
+        "runs out of heap at about 200 MB of WAL: the batch holds the whole transaction and its "
+        "rows are collected to the driver, toArrow) plus about 900 MB of Spark's Python workers "
+        "(pyspark, pyarrow, pgcdc imported in each); streaming does not change it, the receiver "
+        "spools to disk either way. One out-of-heap run hung instead of exiting"
+    ),
+    "latency": (
+        "a fixed 1.5-2 s of Spark work per micro-batch whatever its size (planning, several "
+        "Spark jobs, the Delta commit); latency = waiting for the batch in progress + one batch"
+    ),
+}
+
+
+def _load(directory: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name in BENCHMARKS:
+        path = directory / f"{name}.json"
+        if path.exists():
+            out[name] = json.loads(path.read_text())
+    return out
+
+
+def _rate(value: float, unit: str) -> str:
+    return f"{value:,.0f} {unit}"
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
+
+
+def _met(flag: bool | None) -> str:
+    return "–" if flag is None else ("yes" if flag else "**no**")
+
+
+def _scale(data: dict[str, Any]) -> str:
+    return f"{data['scale']:g}" if "scale" in data else "1"
+
+
+def _row_decode(d: dict[str, Any]) -> list[list[str]]:
+    rates = d["changes_per_second"]
+    ratio = d["ratio_columnar_to_pypgoutput"]
+    changes = d["stream"]["changes"]
+    return [
+        [
+            f"Decode: {changes:,} recorded changes -> typed Arrow (text format)",
+            _rate(rates["pgcdc_columnar_text"], "changes/s"),
+            f"pypgoutput decoders: {_rate(rates['pypgoutput_decoders'], 'changes/s')}",
+            f"{ratio:.1f}x",
+            ">= 10x",
+            _met(d["goals"]["ratio_met"]),
+        ]
+    ]
+
+
+def _row_catchup(d: dict[str, Any]) -> list[list[str]]:
+    s = d["seconds"]
+    w = d["workload"]
+    label = (
+        f"Catch-up: {w['inserts']:,} inserts + {w['updates']:,} updates + "
+        f"{w['deletes']:,} deletes into the Delta mirror"
+    )
+    return [
+        [
+            label,
+            f"{s['pgcdc']:.1f} s ({s['pgcdc_without_fixed_cost']:.1f} s without the "
+            f"{s['pgcdc_fixed_cost']:.1f} s fixed cost)",
+            f"native subscription: {s['native_subscription']:.1f} s",
+            f"{d['ratio_pgcdc_to_native']:.2f}x "
+            f"({d['ratio_pgcdc_without_fixed_cost_to_native']:.2f}x)",
+            "<= 1.2x",
+            _met(d["goals"]["ratio_met"]),
+        ],
+        [
+            "Catch-up, beside the physical limit",
+            f"{d['changes_per_second']['pgcdc']:,.0f} changes/s",
+            f"pg_recvlogical > /dev/null: {s['pg_recvlogical']:.1f} s "
+            f"({d['changes_per_second']['pg_recvlogical']:,.0f} changes/s)",
+            f"{d['ratio_pgcdc_to_pg_recvlogical']:.1f}x the time",
+            "–",
+            "–",
+            "the anchor: the walsender decoding the WAL (one server process); see above for pgcdc",
+        ],
+    ]
+
+
+def _row_snapshot(d: dict[str, Any]) -> list[list[str]]:
+    r = d["rows_per_second"]
+    return [
+        [
+            f"Initial snapshot: {d['rows']:,} rows into the lake",
+            f"{_rate(r['pgcdc_snapshot'], 'rows/s')} "
+            f"({_rate(r['pgcdc_snapshot_without_fixed_cost'], 'rows/s')} without the fixed "
+            "cost)",
+            f"COPY TO STDOUT > /dev/null: {_rate(r['copy_to_stdout'], 'rows/s')}",
+            f"{d['ratio_pgcdc_to_copy']:.2f}x ({d['ratio_pgcdc_without_fixed_cost_to_copy']:.2f}x)",
+            ">= 0.7x",
+            _met(d["goals"]["ratio_met"]),
+        ]
+    ]
+
+
+def _row_memory(d: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for mode in ("on", "off"):
+        runs = [r for r in d["runs"] if r["streaming"] == mode]
+        if not runs:
+            continue
+        largest = runs[-1]
+        peaks = ", ".join(f"{_size(r['wal_bytes'])}: {_size(r['peak_rss_bytes'])}" for r in runs)
+        growth = d["growth_largest_to_smallest"][mode]
+        failed = [r for r in runs if r.get("failed")]
+        if failed:
+            cause = failed[0]["failed"].split(" | ")[0].removeprefix("Caused by: ")[:120]
+            peaks += f"; FAILED at {_size(failed[0]['wal_bytes'])}: {cause}"
+        rows.append(
+            [
+                f"Memory: one {_size(largest['wal_bytes'])} transaction (WAL), streaming {mode}",
+                f"peak RSS {_size(largest['peak_rss_bytes'])} (transaction: peak, {peaks})",
+                f"a run with nothing to do: {_size(d['idle_run']['peak_rss_bytes'])}",
+                f"{growth:.2f}x from smallest to largest",
+                "< 1 GB, flat",
+                f"{_met(largest['peak_rss_bytes'] < d['goals']['peak_below_bytes'])} / "
+                f"{_met(growth <= d['goals']['flat_within'] and not failed)}",
+            ]
+        )
+    return rows
+
+
+def _row_latency(d: dict[str, Any]) -> list[list[str]]:
+    lat = d["latency_seconds"]
+    return [
+        [
+            f"Steady state: {d['achieved_changes_per_second']:,.0f} changes/s "
+            f"(target {d['target_changes_per_second']:,.0f}) for {d['seconds']:.0f} s",
+            f"p50 {lat['p50']:.2f} s, p99 {lat['p99']:.2f} s (max {lat['max']:.2f} s)",
+            "–",
+            "–",
+            "p99 < 2 s",
+            _met(d["goals"]["p99_met"]),
+        ]
+    ]
+
+
+ROWS: dict[str, Callable[[dict[str, Any]], list[list[str]]]] = {
+    "decode": _row_decode,
+    "catchup": _row_catchup,
+    "snapshot": _row_snapshot,
+    "memory": _row_memory,
+    "latency": _row_latency,
+}
+
+
+def markdown(results: dict[str, dict[str, Any]]) -> str:
+    head = ["Figure", "pgcdc", "Anchor (same run)", "Ratio", "Goal", "Met?", "Scale", "Limit"]
+    lines = [
+        "# pgcdc benchmarks",
+        "",
+        "`make bench` (each alone: `make bench-decode`, `bench-catchup`, `bench-snapshot`, "
+        "`bench-memory`, `bench-latency`; then `make bench-report`). Every ratio is measured "
+        "beside its anchor in the same run, on the same machine and data; absolute times on a "
+        "shared machine are noise. Scale 1 is the full sizes of the issue; a smaller scale "
+        "shrinks every size (rows, bytes, seconds) by that factor. Benchmarks never fail CI.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" for _ in head) + "|",
+    ]
+    for name in BENCHMARKS:
+        data = results.get(name)
+        if data is None:
+            lines.append(f"| {name}: not run | | | | | | | |")
+            continue
+        limit = data.get("limits") or LIMITS[name]
+        for row in ROWS[name](data):
+            cells = [*row[:6], _scale(data), row[6] if len(row) > 6 else limit]
+            lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    lines += ["", "Measured on:", ""]
+    for name in BENCHMARKS:
+        data = results.get(name)
+        if data is None:
+            continue
+        m = data.get("machine", {})
+        lines.append(
+            f"- {name}: {data.get('measured_at', '?')}, scale {_scale(data)}, "
+            f"{m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}), "
+            f"{m.get('memory_gb', '?')} GB, load {m.get('load_average', '?')}"
+        )
+    lines += ["", "![benchmarks](bench.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, grid = plt.subplots(2, 3, figsize=(18, 10))
+    axes = list(grid.flat)
+    axes[5].axis("off")
+    notes = [f"{name}: scale {_scale(data)}, {data.get('measured_at', '?')}"
+             for name, data in results.items()]  # fmt: skip
+    axes[5].text(0, 1, "pgcdc benchmarks (ratios: same run, same machine)\n\n" + "\n".join(notes),
+                 va="top", fontsize=10, family="monospace")  # fmt: skip
+    blue, grey, green = "#1f77b4", "#999999", "#2ca02c"
+
+    def bars(ax: Any, labels: list[str], values: list[float], colors: list[str]) -> None:
+        ax.bar(labels, values, color=colors)
+        ax.tick_params(axis="x", labelrotation=20)
+        for i, v in enumerate(values):
+            ax.annotate(f"{v:,.3g}", (i, v), ha="center", va="bottom", fontsize=8)
+
+    def empty(ax: Any, title: str) -> None:
+        ax.set_title(title)
+        ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes)
+
+    d = results.get("decode")
+    if d:
+        r = d["changes_per_second"]
+        bars(
+            axes[0],
+            ["pypgoutput", "pgcdc rows", "pgcdc Arrow\n(text)", "pgcdc Arrow\n(binary)"],
+            [
+                r["pypgoutput_decoders"],
+                r["pgcdc_row_decoder"],
+                r["pgcdc_columnar_text"],
+                r["pgcdc_columnar_binary"],
+            ],
+            [grey, blue, blue, blue],
+        )
+        axes[0].set_yscale("log")
+        axes[0].set_ylabel("changes/s")
+        axes[0].set_title(f"Decode ({d['ratio_columnar_to_pypgoutput']:.0f}x, goal 10x)")
+    else:
+        empty(axes[0], "Decode")
+
+    d = results.get("catchup")
+    if d:
+        s = d["seconds"]
+        bars(
+            axes[1],
+            ["pg_recvlogical", "native sub", "pgcdc", "pgcdc w/o\nfixed cost"],
+            [
+                s["pg_recvlogical"],
+                s["native_subscription"],
+                s["pgcdc"],
+                s["pgcdc_without_fixed_cost"],
+            ],
+            [grey, grey, blue, blue],
+        )
+        axes[1].set_ylabel("seconds (lower is better)")
+        axes[1].set_title(
+            f"Catch-up, scale {_scale(d)} ({d['ratio_pgcdc_to_native']:.2f}x native, goal 1.2x)"
+        )
+    else:
+        empty(axes[1], "Catch-up")
+
+    d = results.get("snapshot")
+    if d:
+        r = d["rows_per_second"]
+        bars(
+            axes[2],
+            ["COPY > /dev/null", "pgcdc", "pgcdc w/o\nfixed cost"],
+            [r["copy_to_stdout"], r["pgcdc_snapshot"], r["pgcdc_snapshot_without_fixed_cost"]],
+            [grey, blue, blue],
+        )
+        axes[2].set_ylabel("rows/s")
+        axes[2].set_title(
+            f"Snapshot, scale {_scale(d)} ({d['ratio_pgcdc_to_copy']:.2f}x COPY, goal 0.7x)"
+        )
+    else:
+        empty(axes[2], "Snapshot")
+
+    d = results.get("memory")
+    if d:
+        ax = axes[3]
+        for mode, color in (("on", blue), ("off", green)):
+            runs = [r for r in d["runs"] if r["streaming"] == mode]
+            ax.plot(
+                [r["wal_bytes"] / 2**30 for r in runs],
+                [r["peak_rss_bytes"] / 2**30 for r in runs],
+                marker="o",
+                color=color,
+                label=f"streaming {mode}",
+            )
+            for r in runs:
+                if r.get("failed"):
+                    ax.plot(r["wal_bytes"] / 2**30, r["peak_rss_bytes"] / 2**30, "x",
+                            color="red", markersize=12, label=f"run failed ({mode})")  # fmt: skip
+        ax.axhline(1.0, color="red", linestyle="--", label="goal 1 GB")
+        ax.set_xlabel("transaction WAL, GiB")
+        ax.set_ylabel("peak RSS of the process tree, GiB")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8)
+        ax.set_title(f"Memory, scale {_scale(d)}")
+    else:
+        empty(axes[3], "Memory")
+
+    d = results.get("latency")
+    if d:
+        lat = d["latency_seconds"]
+        bars(axes[4], ["p50", "p90", "p99", "max"], [lat[k] for k in ("p50", "p90", "p99", "max")],
+             [blue] * 4)  # fmt: skip
+        axes[4].axhline(2.0, color="red", linestyle="--", label="goal p99 2 s")
+        axes[4].set_ylabel("commit-to-lake seconds")
+        axes[4].legend(fontsize=8)
+        axes[4].set_title(
+            f"Latency at {d['achieved_changes_per_second']:,.0f} changes/s, scale {_scale(d)}"
+        )
+    else:
+        empty(axes[4], "Latency")
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.report", description=__doc__)
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results folder")
+    args = parser.parse_args(argv)
+    results = _load(args.results)
+    if not results:
+        print(f"no results in {args.results}: run `make bench` first")
+        return 0
+    text = markdown(results)
+    (args.results / "README.md").write_text(text)
+    plot(results, args.results / "bench.png")
+    print(text)
+    print(f"written to {args.results / 'README.md'} and {args.results / 'bench.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
