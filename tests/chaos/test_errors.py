@@ -3,13 +3,16 @@ message naming the cause and the fix, and commits nothing partial to the lake (n
 version, no new table folder, no state change).
 
 Slot invalidated (max_slot_wal_keep_size), publication dropped under a running pipeline, a
-table dropped between runs, server not reachable. Wrong passwords, missing privileges (and
-passwords in output) are in test_roles.py, which runs a server with password authentication.
+table dropped between runs, server not reachable, a Spark that cannot start. Wrong passwords,
+missing privileges (and passwords in output) are in test_roles.py, which runs a server with
+password authentication.
 """
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -199,3 +202,27 @@ def test_slot_invalidated(
     assert "err_slot" in err and "invalidated" in err, err
     assert "max_slot_wal_keep_size" in err and "move the lake" in err, err
     assert lake_snapshot(lake) == before
+
+
+@pytest.mark.parametrize("pg_server", [18], indirect=True, ids=["pg18"])
+def test_spark_that_cannot_start(pg: PgDatabase, tmp_path: Path) -> None:
+    """A Spark driver that cannot start (here: too little memory) stops ``run`` with Spark's
+    reason and the fix, before anything is created on the server or in the lake."""
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int)")
+    config = write_config(tmp_path, pg.dsn())
+    config.write_text(config.read_text() + '\n[spark.conf]\n"spark.driver.memory" = "64m"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "pgcdc", "run", "--config", str(config), "--until-caught-up"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    err = " ".join(done.stderr.split())
+    assert done.returncode == 1, err
+    assert "Spark did not start" in err and "spark.driver.memory" in err, err
+    assert "[spark.conf]" in err and "Traceback" not in err, err
+    assert pg.execute("SELECT count(*) FROM pg_publication") == [(0,)]
+    assert pg.execute("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+    assert not (tmp_path / "lake").exists()

@@ -154,9 +154,15 @@ class Pipeline:
             conf = dict(self.config.spark.conf)
             if self.config.spark.driver_host:
                 conf.setdefault("spark.driver.host", self.config.spark.driver_host)
-            self._spark = spark_session(
-                master=self.config.spark.master, app_name=self.config.spark.app_name, conf=conf
-            )
+            try:
+                self._spark = spark_session(
+                    master=self.config.spark.master, app_name=self.config.spark.app_name, conf=conf
+                )
+            except Exception as exc:  # Py4J / Spark Connect errors of a session that won't start
+                raise PipelineError(
+                    f"Spark did not start ({scrub_secrets(_spark_reason(exc))}): check [spark] "
+                    "master and [spark.conf] (and that Java 17 is installed)"
+                ) from exc
         return self._spark
 
     def check(self) -> SourcePlan:
@@ -422,6 +428,7 @@ class Pipeline:
         dsn = self.dsn
         source = self.config.source
         tables = tuple(sorted(t.table_id for t in plan.tables))
+        spark = self.spark()  # a Spark that cannot start fails before anything is created
         if previous is None:
             system_id, database = _server_identity(dsn)
             state = PipelineState.new(
@@ -456,7 +463,6 @@ class Pipeline:
                 extra={"publication": source.publication},
             )
         started = time.monotonic()
-        spark = self.spark()
         from pgcdc.spark import read_snapshot
 
         with create_slot_with_snapshot(
@@ -621,8 +627,35 @@ class Pipeline:
                 continue
             self.metrics.record_error("stream")
             raise PipelineError(
-                f"the stream failed: {scrub_secrets(_first_line(error))}"
+                f"the stream failed: {scrub_secrets(_first_line(error))}{_spark_hint(error)}"
             ) from error
+
+
+_OUT_OF_MEMORY = ("OutOfMemoryError", "Java heap space", "GC overhead limit exceeded")
+_JVM_GONE = ("Answer from Java side is empty", "Error while receiving", "Connection refused")
+
+
+def _spark_reason(error: BaseException) -> str:
+    """Spark's own message in a Py4J error (the line after the Java exception's class)."""
+    for raw in str(error).splitlines():
+        line = raw.strip()
+        if line.startswith(": "):
+            return line[2:][:500]
+    return _first_line(error)
+
+
+def _spark_hint(error: BaseException) -> str:
+    """The fix for failures of Spark itself: its driver ran out of memory, or its JVM is gone
+    (``spark_session`` makes the JVM exit on OutOfMemoryError rather than hang)."""
+    text = f"{type(error).__name__}: {error}"
+    if any(marker in text for marker in _OUT_OF_MEMORY + _JVM_GONE):
+        return (
+            "; Spark's driver ran out of memory or stopped (a micro-batch holds whole source "
+            "transactions, so a very large transaction needs a driver heap to match). Nothing "
+            "of the failed batch was confirmed to PostgreSQL. Fix: give the driver more memory, "
+            'e.g. [spark.conf] "spark.driver.memory" = "4g", and run again'
+        )
+    return ""
 
 
 def _stop_between_batches(query: Any, timeout: float = 300.0) -> None:

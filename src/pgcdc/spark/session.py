@@ -38,7 +38,8 @@ def spark_session(
     ``master``: ``local[N]``, ``spark://host:port`` (standalone) or ``sc://host:port`` (Spark
     Connect; the server's own configuration decides its Python). Python workers use
     ``sys.executable``; local sessions bind the driver to 127.0.0.1 and use few shuffle
-    partitions; the UI is off and the session time zone is UTC unless ``conf`` says otherwise.
+    partitions; the UI is off, the session time zone is UTC and the driver JVM exits on
+    OutOfMemoryError (``spark.driver.extraJavaOptions``) unless ``conf`` says otherwise.
     """
     from pyspark.sql import SparkSession
 
@@ -59,6 +60,8 @@ def spark_session(
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
+        # a driver out of heap exits (and pgcdc reports it) instead of hanging with dead threads
+        "spark.driver.extraJavaOptions": "-XX:+ExitOnOutOfMemoryError",
     }
     if master.startswith("local"):
         settings["spark.driver.host"] = "127.0.0.1"
