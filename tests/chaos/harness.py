@@ -90,10 +90,15 @@ _BEGIN = re.compile(r"^BEGIN (\d+)$")
 _COMMIT = re.compile(r"^COMMIT (\d+)")
 
 
+#: The suite's seed when ``PGCDC_CHAOS_SEED`` is not set (``make chaos`` draws a fresh one): it
+#: once put a column-changing ALTER TABLE into the initial copy, a case worth keeping
+SUITE_SEED = 592208799
+
+
 def chaos_seed() -> int:
-    """The seed from ``PGCDC_CHAOS_SEED``, else a fresh one (printed by the caller)."""
+    """The seed from ``PGCDC_CHAOS_SEED``, else ``SUITE_SEED`` (printed by the caller)."""
     text = os.environ.get(SEED_ENV)
-    return int(text) if text else random.SystemRandom().randrange(1 << 31)
+    return int(text) if text else SUITE_SEED
 
 
 def chaos_kills(default: int) -> int:

@@ -84,6 +84,8 @@ log = logging.getLogger("pgcdc.lake")
 
 #: A query restarted this often in a row for schema changes means something else is wrong.
 MAX_SCHEMA_RESTARTS = 50
+#: Initial copies started in one run when tables keep being rewritten under them.
+MAX_COPY_ATTEMPTS = 3
 
 
 class PipelineError(RuntimeError):
@@ -365,7 +367,7 @@ class Pipeline:
                 },
             )
         else:
-            state = self._snapshot(plan, state, slot is not None, result)
+            state = self._copy(plan, state, slot is not None, result)
         self.state = state
         progress = PROGRESS.setdefault(state.stream_app_id, Progress())
         batches, changes = progress.batches, progress.changes
@@ -417,6 +419,38 @@ class Pipeline:
     def _raise_fatal(self) -> None:
         if self._fatal is not None:
             raise PipelineError(self._fatal)
+
+    def _copy(
+        self,
+        plan: SourcePlan,
+        previous: PipelineState | None,
+        slot_exists: bool,
+        result: RunResult,
+    ) -> PipelineState:
+        """The initial copy; copied again (a new snapshot, a new plan) when a table changed its
+        columns while it ran, at most ``MAX_COPY_ATTEMPTS`` times."""
+        from pgcdc.spark.errors import COPY_AGAIN_MARKERS
+
+        attempt = 1
+        while True:
+            try:
+                return self._snapshot(plan, previous, slot_exists, result)
+            except PipelineError as exc:
+                if attempt >= MAX_COPY_ATTEMPTS or not any(
+                    marker in str(exc) for marker in COPY_AGAIN_MARKERS
+                ):
+                    raise
+                attempt += 1
+                log.warning(
+                    "a table changed its columns during the initial copy: copying again with a "
+                    "new snapshot (attempt %s of %s)",
+                    attempt,
+                    MAX_COPY_ATTEMPTS,
+                    extra={"attempt": attempt},
+                )
+                plan = self.plan = plan_source(self.dsn, self.config)  # the new columns
+                previous = load_state(self.layout)
+                slot_exists = slot_info(self.dsn, self.config.source.slot) is not None
 
     def _snapshot(
         self,

@@ -12,6 +12,9 @@ from __future__ import annotations
 from pgcdc.replication.errors import scrub_secrets
 
 __all__ = [
+    "COLUMNS_CHANGED_MARKER",
+    "COPY_AGAIN_MARKERS",
+    "REWRITTEN_MARKER",
     "SCHEMA_CHANGED_MARKER",
     "EndpointError",
     "OptionError",
@@ -23,6 +26,14 @@ __all__ = [
 
 #: Text every SchemaChanged message starts with; survives Spark's exception wrapping.
 SCHEMA_CHANGED_MARKER = "[PGCDC_SCHEMA_CHANGED]"
+
+#: In the error of a snapshot copy that met a table rewritten since its snapshot (``pgcdc run``
+#: copies again with a new snapshot when it sees it)
+REWRITTEN_MARKER = "was rewritten by a column change"
+#: In the error of a snapshot copy whose table lost or changed a column after it was planned
+COLUMNS_CHANGED_MARKER = "changed its columns during the initial copy"
+#: Errors of a copy that a new snapshot (and a new plan of the tables) repairs
+COPY_AGAIN_MARKERS = (REWRITTEN_MARKER, COLUMNS_CHANGED_MARKER)
 
 
 class SparkSourceError(Exception):

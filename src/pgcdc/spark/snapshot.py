@@ -45,7 +45,12 @@ from pgcdc.replication.database import connect_sql
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog
 from pgcdc.spark.decode import ChangeDecoder, Label, decode_transactions
 from pgcdc.spark.diagnostics import worker_logging
-from pgcdc.spark.errors import OptionError, SparkSourceError
+from pgcdc.spark.errors import (
+    COLUMNS_CHANGED_MARKER,
+    REWRITTEN_MARKER,
+    OptionError,
+    SparkSourceError,
+)
 from pgcdc.spark.options import SnapshotSettings
 from pgcdc.spark.schema import codec_knows, registry_for
 
@@ -278,7 +283,7 @@ class PgcdcSnapshotReader(DataSourceReader):
                             sql.Literal(self.settings.snapshot)
                         )
                     )
-                    _check_not_rewritten(conn, table)
+                    _check_not_rewritten(conn, table, self.settings.dsn)
                 with conn.cursor().copy(query) as copy:
                     messages = copy_messages(_blocks(copy), table.relid, len(table.columns))
                     yield from decode_transactions(decoder, [(label, False, 0, messages)])
@@ -303,22 +308,50 @@ _REWRITTEN_SQL = sql.SQL(
 )
 
 
-def _check_not_rewritten(conn: psycopg.Connection[Any], table: CatalogTable) -> None:
-    """Fail if the table was rewritten (``ALTER TABLE ... TYPE``, a volatile ``DEFAULT``,
-    ``TRUNCATE``, ...) after the snapshot: its rows would look deleted to the snapshot, and a
-    copy would silently miss them. The lock keeps it from happening later, until the copy ends.
+#: The columns of the table and its partitions (as the query's snapshot sees the catalog)
+_COLUMNS_SQL = sql.SQL(
+    "SELECT a.attrelid::bigint, a.attnum, a.atttypid::bigint, a.atttypmod, a.attisdropped "
+    "FROM pg_catalog.pg_attribute a WHERE a.attnum > 0 AND (a.attrelid = {relid}::oid OR "
+    "a.attrelid IN (SELECT relid FROM pg_catalog.pg_partition_tree({relid}::oid::regclass))) "
+    "ORDER BY 1, 2"
+)
+
+
+def _check_not_rewritten(conn: psycopg.Connection[Any], table: CatalogTable, dsn: str) -> None:
+    """Fail if the table was rewritten by a column change (``ALTER TABLE ... TYPE``, a volatile
+    ``DEFAULT``) after the snapshot: its rows would look deleted to the snapshot, the stream
+    carries no changes for them, and a copy would silently miss them. The lock keeps it from
+    happening later, until this range's copy ends.
+
+    A rewrite that leaves the columns as they were is safe to copy through: ``TRUNCATE``
+    (the rows the snapshot no longer sees are exactly those the streamed TRUNCATE, which comes
+    after the consistent point, removes), ``VACUUM FULL``, ``CLUSTER`` and ``SET TABLESPACE``
+    (they keep every row's visibility). The columns as the snapshot sees them are compared with
+    the current catalog, read on a new connection while this transaction holds the lock.
     """
     name = sql.Identifier(table.schema, table.name)
     conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(name))
-    row = conn.execute(_REWRITTEN_SQL.format(relid=sql.Literal(table.relid))).fetchone()
-    if row is not None and row[0]:
-        raise SparkSourceError(
-            f"{table.qualified} was rewritten (ALTER TABLE changing a column's type or adding "
-            "one with a volatile default, TRUNCATE, VACUUM FULL, CLUSTER) after the snapshot "
-            "was taken: a copy in that snapshot could miss its rows",
-            "copy again with a new snapshot (pgcdc run does so on its next start); avoid such "
-            "DDL while the initial copy runs",
+    relid = sql.Literal(table.relid)
+    row = conn.execute(_REWRITTEN_SQL.format(relid=relid)).fetchone()
+    if row is None or not row[0]:
+        return
+    then = conn.execute(_COLUMNS_SQL.format(relid=relid)).fetchall()
+    with connect_sql(dsn) as current:
+        now = current.execute(_COLUMNS_SQL.format(relid=relid)).fetchall()
+    if then == now:
+        log.info(
+            "%s was rewritten without column changes (TRUNCATE, VACUUM FULL, CLUSTER) after "
+            "the snapshot: copying it as the snapshot sees it",
+            table.qualified,
         )
+        return
+    raise SparkSourceError(
+        f"{table.qualified} {REWRITTEN_MARKER} (ALTER TABLE changing a column's "
+        "type or adding one with a volatile default) after the snapshot was taken: a copy in "
+        "that snapshot would miss its rows",
+        "copy again with a new snapshot (pgcdc run does so on its next start); avoid such DDL "
+        "while the initial copy runs",
+    )
 
 
 def _blocks(copy: Any) -> Iterator[bytes]:
@@ -328,6 +361,12 @@ def _blocks(copy: Any) -> Iterator[bytes]:
 
 def _copy_error(exc: psycopg.Error, table: CatalogTable, settings: SnapshotSettings) -> Exception:
     text = str(exc).strip()
+    if isinstance(exc, psycopg.errors.UndefinedColumn | psycopg.errors.DatatypeMismatch):
+        return SparkSourceError(
+            f"{table.qualified} {COLUMNS_CHANGED_MARKER} ({text})",
+            "copy again with a new snapshot (pgcdc run does so by itself); avoid such DDL "
+            "while the initial copy runs",
+        )
     if settings.snapshot and "snapshot" in text.lower():
         return SparkSourceError(
             f"cannot import snapshot {settings.snapshot!r} to copy {table.qualified}: {text}",
