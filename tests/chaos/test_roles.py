@@ -13,6 +13,7 @@ password (scram-sha-256):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,17 @@ def test_least_privilege_role_runs_end_to_end(
         assert any(r.levelno == logging.DEBUG for r in caplog.records)  # DEBUG was on
     finally:
         with psycopg.connect(auth_server.dsn("shopdb"), autocommit=True) as conn:
-            for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots"):
+            for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall():
+                # the walsender of a run that just ended may still hold the slot: wait for it
+                deadline = time.monotonic() + 30
+                while (
+                    conn.execute(
+                        "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+                    ).fetchone()
+                    == (True,)
+                    and time.monotonic() < deadline
+                ):
+                    time.sleep(0.05)
                 conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
