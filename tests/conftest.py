@@ -1,3 +1,13 @@
 """Test-session wiring: fixtures live in tests/fix_*.py (psycopg's layout)."""
 
+import os
+
+from hypothesis import settings
+
 pytest_plugins = ["tests.fix_pg", "tests.fix_proxy"]
+
+# CI runs the property tests derandomized (the same examples every run, so a red run is
+# reproducible); PGCDC_HYPOTHESIS=explore draws fresh random examples, for local bug hunting
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("PGCDC_HYPOTHESIS", "ci"))

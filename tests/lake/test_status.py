@@ -5,6 +5,7 @@ password of the connection string never appears, and ``--log-format json`` logs 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,11 @@ def test_status_after_runs_then_without_slot(
     assert any("lsn" in r and r["lsn"] for r in records)  # resuming / stream started
     assert any(r["message"].startswith("stream: ") for r in records)
 
+    # the walsender of the run that just ended may take a moment to exit
+    deadline = time.monotonic() + 30
+    while pg.execute("SELECT bool_or(active) FROM pg_replication_slots") == [(True,)]:
+        assert time.monotonic() < deadline, "the finished run's walsender did not exit"
+        time.sleep(0.05)
     code, report = status_json(config, capsys)
     assert code == 0, report["problems"]
     assert report["state"] == "stopped" and report["ok"] is True
