@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -277,96 +277,96 @@ class LakeBatchWriter:
                 resolved = resolved.persist()
         try:
             if "mirror" in targets:
-                clock = time.monotonic()
-                rows = mirror_rows(resolved, table, names, info).toArrow()
-                spark_seconds = time.monotonic() - clock
-                if result is not None:
-                    _note_commit_time(result, rows)
-                merge_mirror(
-                    targets["mirror"],
-                    rows,
-                    table,
-                    names,
-                    truncated=bool(info.truncates),
-                    app_id=self.app_id,
-                    version=batch_id,
-                    metadata=metadata,
-                    defaults=defaults,
-                )
-                self._timing(
+
+                def apply_mirror(rows: pa.Table) -> None:
+                    if result is not None:
+                        _note_commit_time(result, rows)
+                    merge_mirror(
+                        targets["mirror"],
+                        rows,
+                        table,
+                        names,
+                        truncated=bool(info.truncates),
+                        app_id=self.app_id,
+                        version=batch_id,
+                        metadata=metadata,
+                        defaults=defaults,
+                    )
+
+                commits = self._commit_one(
                     batch_id,
                     table,
                     "mirror",
-                    rows.num_rows,
-                    spark_seconds=spark_seconds,
-                    clock=clock,
+                    lambda: mirror_rows(resolved, table, names, info),
+                    apply_mirror,
+                    commits=commits,
                 )
-                commits = self._committed(commits)
             if "history" in targets:
-                clock = time.monotonic()
-                rows = history_rows(resolved, table, names, info).toArrow()
-                spark_seconds = time.monotonic() - clock
-                merge_history(
-                    targets["history"],
-                    rows,
-                    table,
-                    names,
-                    info,
-                    app_id=self.app_id,
-                    version=batch_id,
-                    metadata=metadata,
-                    defaults=defaults,
-                )
-                self._timing(
+                commits = self._commit_one(
                     batch_id,
                     table,
                     "history",
-                    rows.num_rows,
-                    spark_seconds=spark_seconds,
-                    clock=clock,
+                    lambda: history_rows(resolved, table, names, info),
+                    lambda rows: merge_history(
+                        targets["history"],
+                        rows,
+                        table,
+                        names,
+                        info,
+                        app_id=self.app_id,
+                        version=batch_id,
+                        metadata=metadata,
+                        defaults=defaults,
+                    ),
+                    commits=commits,
                 )
-                commits = self._committed(commits)
             if "changelog" in targets:
-                clock = time.monotonic()
-                rows = changelog_rows(df, table, column, names).toArrow()
-                spark_seconds = time.monotonic() - clock
-                append_changelog(
-                    targets["changelog"],
-                    rows,
-                    table,
-                    app_id=self.app_id,
-                    version=batch_id,
-                    metadata=metadata,
-                )
-                self._timing(
+                commits = self._commit_one(
                     batch_id,
                     table,
                     "changelog",
-                    rows.num_rows,
-                    spark_seconds=spark_seconds,
-                    clock=clock,
+                    lambda: changelog_rows(df, table, column, names),
+                    lambda rows: append_changelog(
+                        targets["changelog"],
+                        rows,
+                        table,
+                        app_id=self.app_id,
+                        version=batch_id,
+                        metadata=metadata,
+                    ),
+                    commits=commits,
                 )
-                commits = self._committed(commits)
         finally:
             if resolved is not None and resolved.is_cached:
                 resolved.unpersist()
         return commits
 
-    @staticmethod
-    def _timing(
-        batch_id: int, table: LakeTable, kind: str, rows: int, *, spark_seconds: float, clock: float
-    ) -> None:
+    def _commit_one(
+        self,
+        batch_id: int,
+        table: LakeTable,
+        kind: str,
+        build: Callable[[], Any],
+        apply: Callable[[pa.Table], object],
+        *,
+        commits: int,
+    ) -> int:
+        """Build one Delta table's rows in Spark (``build`` gives the DataFrame), collect them
+        as Arrow, ``apply`` them in one Delta commit; log the time each side took and count the
+        commit (``fail_after`` injects a failure after that many commits, for tests)."""
+        clock = time.monotonic()
+        rows = build().toArrow()
+        spark_seconds = time.monotonic() - clock
+        apply(rows)
         log.debug(
             "batch %s %s %s: %s rows, Spark %.2f s, Delta %.2f s",
             batch_id,
             table.table_id,
             kind,
-            rows,
+            rows.num_rows,
             spark_seconds,
             time.monotonic() - clock - spark_seconds,
         )
-
-    def _committed(self, commits: int) -> int:
         commits += 1
         if self.fail_after is not None and commits >= self.fail_after:
             raise RuntimeError(f"injected failure after {commits} Delta commit(s) (tests)")

@@ -42,7 +42,7 @@ from pgcdc.lake.changes import (
     keep_column,
     value_column,
 )
-from pgcdc.lake.mirror import SRC, TGT, sql_name
+from pgcdc.lake.mirror import SRC, TGT, key_match, sql_name
 from pgcdc.lake.schema_evolution import Defaults, evolve
 from pgcdc.lake.tables import (
     END_AT,
@@ -237,12 +237,7 @@ def merge_history(
         [n for n in source.column_names if n.startswith((KEEP_PREFIX, ROOT_PREFIX))]
     )
     source = cast_to(source, pa.schema(delta.schema().to_arrow()))
-    keys = " AND ".join(
-        f"({TGT}.{sql_name(k)} {'IS NOT DISTINCT FROM' if table.replica_identity == 'f' else '='} "
-        f"{SRC}.{sql_name(k)})"
-        for k in table.keys
-    )
-    predicate = f"{SRC}.{ACTION} = 'close' AND {TGT}.{sql_name(IS_CURRENT)} AND {keys}"
+    predicate = f"{SRC}.{ACTION} = 'close' AND {TGT}.{sql_name(IS_CURRENT)} AND {key_match(table)}"
     closing = {
         sql_name(END_LSN): f"{SRC}.{sql_name(END_LSN)}",
         sql_name(END_AT): f"{SRC}.{sql_name(END_AT)}",

@@ -104,6 +104,13 @@ def mirror_rows(
     return last.select(*out)
 
 
+def key_match(table: LakeTable) -> str:
+    """The MERGE condition matching a source row to the stored row of the same key (NULL keys
+    match NULL under REPLICA IDENTITY FULL, whose key may be every column)."""
+    op = "IS NOT DISTINCT FROM" if table.replica_identity == "f" else "="
+    return " AND ".join(f"({TGT}.{sql_name(k)} {op} {SRC}.{sql_name(k)})" for k in table.keys)
+
+
 def mirror_schema(source_schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
     """The mirror's schema for a MERGE source of ``mirror_rows``."""
     fields = [source_schema.field(c) for c in columns]
@@ -137,11 +144,6 @@ def merge_mirror(
     source = cast_to(source, target_schema)
     source = fill_from_stored(target, source, table, columns, current_only=False, foreign_only=True)
     source = source.drop_columns([n for n in source.column_names if n.startswith(ROOT_PREFIX)])
-    key_match = " AND ".join(
-        f"({TGT}.{sql_name(k)} {'IS NOT DISTINCT FROM' if table.replica_identity == 'f' else '='} "
-        f"{SRC}.{sql_name(k)})"
-        for k in table.keys
-    )
     keep = {name for name in source.column_names if name.startswith(KEEP_PREFIX)}
     updates: dict[str, str] = {}
     for i, name in enumerate(columns):
@@ -163,7 +165,7 @@ def merge_mirror(
     merger = (
         delta.merge(
             source,
-            predicate=key_match,
+            predicate=key_match(table),
             source_alias=SRC,
             target_alias=TGT,
             commit_properties=commit_properties(app_id, version, metadata),
