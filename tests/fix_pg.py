@@ -12,6 +12,7 @@ import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 import pytest
@@ -59,27 +60,34 @@ class PgDatabase:
             return cur.fetchall() if cur.description else []
 
 
+def drop_slots(conn: psycopg.Connection[Any], dbname: str | None = None) -> None:
+    """Drop the replication slots (of ``dbname``, or all): terminate a walsender still using
+    one and wait for it to release the slot (termination, and a walsender's exit after its
+    client went away, are asynchronous)."""
+    for (slot,) in conn.execute(
+        "SELECT slot_name FROM pg_replication_slots WHERE %s::text IS NULL OR database = %s",
+        (dbname, dbname),
+    ).fetchall():
+        conn.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "WHERE slot_name = %s AND active_pid IS NOT NULL",
+            (slot,),
+        )
+        deadline = time.monotonic() + 30
+        while (
+            conn.execute(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()
+            == (True,)
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
 def _drop_database(cluster: Cluster, dbname: str) -> None:
     with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
-        for (slot,) in conn.execute(
-            "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (dbname,)
-        ).fetchall():
-            conn.execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
-                "WHERE slot_name = %s AND active_pid IS NOT NULL",
-                (slot,),
-            )
-            # termination is asynchronous: wait for the walsender to release the slot
-            deadline = time.monotonic() + 30
-            while (
-                conn.execute(
-                    "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-                ).fetchone()
-                == (True,)
-                and time.monotonic() < deadline
-            ):
-                time.sleep(0.05)
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        drop_slots(conn, dbname)
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname))
         )

@@ -13,7 +13,6 @@ password (scram-sha-256):
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from psycopg import sql
 
 from pgcdc.cli import main
 from pgcdc.cluster import Cluster
+from tests.fix_pg import drop_slots
 
 pytestmark = pytest.mark.slow
 
@@ -150,18 +150,7 @@ def test_least_privilege_role_runs_end_to_end(
         assert any(r.levelno == logging.DEBUG for r in caplog.records)  # DEBUG was on
     finally:
         with psycopg.connect(auth_server.dsn("shopdb"), autocommit=True) as conn:
-            for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots").fetchall():
-                # the walsender of a run that just ended may still hold the slot: wait for it
-                deadline = time.monotonic() + 30
-                while (
-                    conn.execute(
-                        "SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-                    ).fetchone()
-                    == (True,)
-                    and time.monotonic() < deadline
-                ):
-                    time.sleep(0.05)
-                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            drop_slots(conn)
 
 
 @pytest.mark.parametrize(
