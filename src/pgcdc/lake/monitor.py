@@ -35,7 +35,7 @@ from pgcdc.replication import (
     ReplicationError,
     SlotHealth,
     SlotNotFoundError,
-    publication_info,
+    missing_publications,
     scrub_secrets,
     slot_health,
     slot_info,
@@ -246,7 +246,7 @@ class SlotMonitor:
                 )
             )
             return None
-        if self.publication is not None and publication_info(self._dsn, self.publication) is None:
+        if self.publication is not None and missing_publications(self._dsn, [self.publication]):
             self.metrics.record_error("publication_gone")
             self._fail(publication_gone_message(self.publication, self.lake))
             return None

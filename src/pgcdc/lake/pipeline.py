@@ -72,7 +72,7 @@ from pgcdc.replication import (
     SlotHealth,
     create_slot_with_snapshot,
     drop_slot,
-    publication_info,
+    missing_publications,
     scrub_secrets,
     slot_info,
 )
@@ -346,7 +346,7 @@ class Pipeline:
                         confirmed=slot.confirmed_flush_lsn,
                     )
                 )
-            if publication_info(dsn, self.config.source.publication) is None:
+            if missing_publications(dsn, [self.config.source.publication]):
                 raise PipelineError(
                     publication_gone_message(self.config.source.publication, self.layout.root)
                 )

@@ -42,6 +42,7 @@ from pgcdc.replication.publication import (
     PublishedTable,
     create_publication,
     drop_publication,
+    missing_publications,
     publication_info,
 )
 from pgcdc.replication.reconnect import NO_RECONNECT, ReconnectPolicy
@@ -97,6 +98,7 @@ __all__ = [
     "drop_slot",
     "list_slots",
     "max_proto_version",
+    "missing_publications",
     "publication_info",
     "quote_publication_names",
     "raise_if_lost",

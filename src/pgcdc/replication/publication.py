@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
 import psycopg
 from psycopg import sql
@@ -245,16 +245,17 @@ def drop_publication(target: Connectable, name: str, *, missing_ok: bool = False
     return True
 
 
-def missing_publications(conn: psycopg.Connection[Any], names: Iterable[str]) -> list[str]:
-    """Those of ``names`` that are not publications of the connection's database."""
+def missing_publications(target: Connectable, names: Iterable[str]) -> list[str]:
+    """Those of ``names`` that are not publications of the database."""
     wanted = list(dict.fromkeys(names))
-    try:
-        rows = conn.execute(
-            "SELECT pubname::text FROM pg_publication WHERE pubname = ANY(%s::text[])",
-            (wanted,),
-        ).fetchall()
-    except psycopg.Error as exc:
-        raise_sql_error(exc, conn)
+    with sql_connection(target) as conn:
+        try:
+            rows = conn.execute(
+                "SELECT pubname::text FROM pg_publication WHERE pubname = ANY(%s::text[])",
+                (wanted,),
+            ).fetchall()
+        except psycopg.Error as exc:
+            raise_sql_error(exc, conn)
     found = {row[0] for row in rows}
     return [n for n in wanted if n not in found]
 
