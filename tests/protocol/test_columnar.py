@@ -1181,3 +1181,27 @@ def test_uuid_values_are_canonical_text() -> None:
     ]
     column = ColumnarDecoder(1).decode(data).changes[0].batch.column("u")
     assert column.to_pylist() == [str(value), str(value)]
+
+
+def test_binary_value_of_a_type_without_binary_reader_is_refused() -> None:
+    """A 'b' value of a type pgcdc only reads as text: the row Decoder hands over its bytes,
+    the typed columns cannot hold them (not as a string that happens to decode)."""
+    relation = Relation(
+        xid=None, relation_id=9, namespace="", name="ext", replica_identity="d",
+        columns=(Column(1, "id", 20, -1), Column(0, "shape", 99_999, -1)),
+    )  # fmt: skip
+    encoder = Encoder(1)
+    data = [
+        encoder.encode(relation),
+        encoder.encode(Insert(xid=None, relation_id=9, new=("1", b"abc"))),
+    ]
+    row = Decoder(1)
+    assert [row.decode(m) for m in data][1].new == ("1", b"abc")
+    with pytest.raises(ProtocolError) as caught:
+        ColumnarDecoder(1).decode(data)
+    assert caught.value.reason.startswith("value of column 'shape' (oid 99999) is in binary format")
+    assert "text format" in caught.value.reason
+    # in text format the same column reads as its text
+    text = [data[0], encoder.encode(Insert(xid=None, relation_id=9, new=("1", "abc")))]
+    batch = ColumnarDecoder(1).decode(text).changes[0].batch
+    assert batch.column("shape").to_pylist() == ["abc"]

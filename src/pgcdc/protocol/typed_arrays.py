@@ -403,6 +403,15 @@ def _through_values(
         except (ValueError, ArithmeticError):
             row, reason = _first_refused(values, type_id, type_modifier, registry)
             raise BadValue(row, reason) from None
+        if pa.types.is_binary(array.type) and not pa.types.is_binary(arrow_type):
+            # a binary-format value of a type pgcdc has no binary reader for: its bytes are
+            # not the column's type (the row Decoder hands them over as bytes instead)
+            row = int(np.flatnonzero(column.has_value)[0])
+            raise BadValue(
+                row,
+                "is in binary format, which pgcdc cannot read for this type: "
+                "ask for text format (binary off)",
+            )
         if array.type != arrow_type:
             try:
                 array = array.cast(arrow_type)
