@@ -179,13 +179,16 @@ def versions(lake: Path) -> dict[TableKind, int | None]:
     return {kind: target.version() for kind, target in targets(lake).items()}
 
 
-def writer(lake: Path, fail_after: int | None = None) -> LakeBatchWriter:
+def writer(
+    lake: Path, fail_after: int | None = None, rows_per_commit: int = 250_000
+) -> LakeBatchWriter:
     return LakeBatchWriter(
         lake=str(lake),
         tables=(TABLE,),
         table_columns=(("public.t", COLUMN),),
         app_id="test-app",
         fail_after=fail_after,
+        rows_per_commit=rows_per_commit,
     )
 
 
@@ -236,3 +239,46 @@ def test_failure_between_commits_then_replay(spark: Any, tmp_path: Path) -> None
     assert mirror(lake) == MIRRORS[3]
     assert history(lake) == HISTORY
     assert len(targets(lake)["changelog"].read()) == sum(len(b) for b in BATCHES)
+
+
+def test_chunked_commits_and_replay_after_a_failure_between_chunks(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Batches above ``rows_per_commit`` (here: every batch of more than one change) are
+    staged by the executors and committed chunk by chunk (one commit per chunk, empty chunks
+    included); the re-keyed rows whose unchanged values come from another key's stored row,
+    and the TRUNCATE, give the same lake as one commit per table. A failure after some chunks,
+    then a replay: each chunk lands once."""
+    lake = tmp_path / "lake"
+    frames = [spark.createDataFrame(rows, schema()) for rows in BATCHES]
+    writer(lake, rows_per_commit=1)(frames[0], 0)
+    assert mirror(lake) == MIRRORS[0]
+    # created by the first chunk's schema step (version 0), then one commit per chunk
+    first = versions(lake)
+    assert first == {"mirror": 3, "history": 3, "changelog": 3}, first
+    with pytest.raises(RuntimeError, match="injected failure"):
+        writer(lake, fail_after=2, rows_per_commit=1)(frames[1], 1)  # 2 of 5 mirror chunks
+    mirror_target = targets(lake)["mirror"]
+    assert mirror_target.version() == 5
+    assert not mirror_target.applied("test-app", 1)
+    assert mirror_target.chunk_applied("test-app", 1, 1)
+    assert not mirror_target.chunk_applied("test-app", 1, 2)
+    writer(lake, rows_per_commit=1)(frames[1], 1)
+    # the history in one piece: a key change fills unchanged values from another key's row
+    assert versions(lake) == {"mirror": 8, "history": 4, "changelog": 8}  # 3 more, 1, 5
+    assert mirror_target.applied("test-app", 1)
+    assert mirror(lake) == MIRRORS[1]
+    for batch_id in (2, 3):
+        writer(lake, rows_per_commit=1)(frames[batch_id], batch_id)
+        assert mirror(lake) == MIRRORS[batch_id], f"mirror after batch {batch_id}"
+    assert history(lake) == HISTORY
+    changelog = targets(lake)["changelog"].read().to_pylist()
+    assert sorted((r["__commit_lsn"], r["__position"]) for r in changelog) == sorted(
+        (row[4], row[7]) for rows in BATCHES for row in rows
+    )
+    # batch 2 in 5 chunks, batch 3 in 4; their history in one piece (key changes, TRUNCATE)
+    assert versions(lake) == {"mirror": 17, "history": 6, "changelog": 17}
+    assert not any(LakeLayout(lake).stage_dir.rglob("*.arrow"))
+    before = versions(lake)
+    assert writer(lake, rows_per_commit=1).apply(frames[3], 3).skipped
+    assert versions(lake) == before

@@ -4,8 +4,10 @@
 Python worker, so it is a plain picklable object). For each table with changes in the batch and
 each of its Delta tables (mirror, history, changelog) not already holding this batch's commit
 (``Transaction(app_id, batch_id)``), it builds the rows in Spark, collects them as Arrow and
-commits them with delta-rs in one commit per Delta table. A replayed batch's commits that are
-already there are skipped.
+commits them with delta-rs in one commit per Delta table. A table with more than
+``rows_per_commit`` changes in the batch is instead staged by the executors and committed in
+chunks (``pgcdc.lake.stage``), so memory stays flat however large a transaction is. A replayed
+batch's commits (or chunks) that are already there are skipped.
 
 ``Progress`` (per app id, in ``PROGRESS``) sums what the batches applied in this process and
 tells its listeners (``BatchListener``: the pipeline's metrics and progress display) about each
@@ -14,7 +16,9 @@ batch, applied or failed. Listeners run in the thread that runs the batch and mu
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,8 +40,10 @@ from pgcdc.lake.changes import (
 )
 from pgcdc.lake.history import history_rows, merge_history
 from pgcdc.lake.mirror import merge_mirror, mirror_rows
-from pgcdc.lake.tables import COMMIT_TIME, LakeLayout, LakeTable, TableKind
-from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lake.stage import chunk_count, hash_chunks, stage_rows
+from pgcdc.lake.tables import CL_COMMIT_LSN, COMMIT_TIME, POSITION, LakeLayout, LakeTable, TableKind
+from pgcdc.lake.toast import root_column
+from pgcdc.lake.writer import Chunk, DeltaTarget
 from pgcdc.lsn import Lsn
 
 __all__ = ["PROGRESS", "BatchListener", "BatchResult", "LakeBatchWriter", "Progress"]
@@ -134,6 +140,8 @@ class LakeBatchWriter:
     app_id: str
     dsn: str | None = field(default=None, repr=False)  # for added columns' existing values
     fail_after: int | None = None  # tests: raise after this many Delta commits of a batch
+    #: a table's changes in one batch above this are staged and committed in chunks
+    rows_per_commit: int = 250_000
 
     def _targets(self, table: LakeTable) -> dict[TableKind, DeltaTarget]:
         layout = LakeLayout(Path(self.lake))
@@ -215,6 +223,9 @@ class LakeBatchWriter:
             result.skipped = result.tables == 0 and bool(overview.tables)
         finally:
             df.unpersist()
+            stage = LakeLayout(Path(self.lake)).stage_dir / self.app_id / str(batch_id)
+            if stage.exists():
+                shutil.rmtree(stage, ignore_errors=True)
         result.seconds = time.monotonic() - started
         result.finished_at = time.time()
         log.info(
@@ -278,7 +289,7 @@ class LakeBatchWriter:
         try:
             if "mirror" in targets:
 
-                def apply_mirror(rows: pa.Table) -> None:
+                def apply_mirror(rows: pa.Table, chunk: Chunk | None) -> None:
                     if result is not None:
                         _note_commit_time(result, rows)
                     merge_mirror(
@@ -286,28 +297,33 @@ class LakeBatchWriter:
                         rows,
                         table,
                         names,
-                        truncated=bool(info.truncates),
+                        # the first chunk empties the table; the later ones only add to it
+                        truncated=bool(info.truncates) and (chunk is None or chunk[0] == 0),
                         app_id=self.app_id,
                         version=batch_id,
                         metadata=metadata,
                         defaults=defaults,
+                        chunk=chunk,
                     )
 
                 commits = self._commit_one(
                     batch_id,
                     table,
                     "mirror",
-                    lambda: mirror_rows(resolved, table, names, info),
-                    apply_mirror,
+                    target=targets["mirror"],
+                    build=lambda: mirror_rows(resolved, table, names, info),
+                    apply=apply_mirror,
                     commits=commits,
+                    chunks=chunk_count(info.changes, self.rows_per_commit),
                 )
             if "history" in targets:
                 commits = self._commit_one(
                     batch_id,
                     table,
                     "history",
-                    lambda: history_rows(resolved, table, names, info),
-                    lambda rows: merge_history(
+                    target=targets["history"],
+                    build=lambda: history_rows(resolved, table, names, info),
+                    apply=lambda rows, chunk: merge_history(
                         targets["history"],
                         rows,
                         table,
@@ -317,24 +333,36 @@ class LakeBatchWriter:
                         version=batch_id,
                         metadata=metadata,
                         defaults=defaults,
+                        chunk=chunk,
                     ),
                     commits=commits,
+                    # in one piece when a TRUNCATE closes every version no row of the MERGE
+                    # touched, or when a key change leaves values to fill from another key's
+                    # current version (which that key's own close may end in another chunk)
+                    chunks=(
+                        1
+                        if info.truncates or info.old_with_unchanged
+                        else chunk_count(info.changes, self.rows_per_commit)
+                    ),
                 )
             if "changelog" in targets:
                 commits = self._commit_one(
                     batch_id,
                     table,
                     "changelog",
-                    lambda: changelog_rows(df, table, column, names),
-                    lambda rows: append_changelog(
+                    target=targets["changelog"],
+                    build=lambda: changelog_rows(df, table, column, names),
+                    apply=lambda rows, chunk: append_changelog(
                         targets["changelog"],
                         rows,
                         table,
                         app_id=self.app_id,
                         version=batch_id,
                         metadata=metadata,
+                        chunk=chunk,
                     ),
                     commits=commits,
+                    chunks=chunk_count(info.changes, self.rows_per_commit),
                 )
         finally:
             if resolved is not None and resolved.is_cached:
@@ -345,28 +373,87 @@ class LakeBatchWriter:
         self,
         batch_id: int,
         table: LakeTable,
-        kind: str,
-        build: Callable[[], Any],
-        apply: Callable[[pa.Table], object],
+        kind: TableKind,
         *,
+        target: DeltaTarget,
+        build: Callable[[], Any],
+        apply: Callable[[pa.Table, Chunk | None], object],
         commits: int,
+        chunks: int = 1,
     ) -> int:
-        """Build one Delta table's rows in Spark (``build`` gives the DataFrame), collect them
-        as Arrow, ``apply`` them in one Delta commit; log the time each side took and count the
-        commit (``fail_after`` injects a failure after that many commits, for tests)."""
+        """Build one Delta table's rows in Spark (``build`` gives the DataFrame) and ``apply``
+        them: collected as Arrow in one Delta commit, or (``chunks`` > 1) staged by the
+        executors and applied chunk by chunk, skipping the chunks a failed attempt committed.
+        Logs the time each side took and counts the commits (``fail_after`` injects a failure
+        after that many commits, for tests)."""
+        if chunks == 1:
+            clock = time.monotonic()
+            rows = build().toArrow()
+            spark_seconds = time.monotonic() - clock
+            apply(rows, None)
+            log.debug(
+                "batch %s %s %s: %s rows, Spark %.2f s, Delta %.2f s",
+                batch_id,
+                table.table_id,
+                kind,
+                rows.num_rows,
+                spark_seconds,
+                time.monotonic() - clock - spark_seconds,
+            )
+            return self._counted(commits)
         clock = time.monotonic()
-        rows = build().toArrow()
-        spark_seconds = time.monotonic() - clock
-        apply(rows)
-        log.debug(
-            "batch %s %s %s: %s rows, Spark %.2f s, Delta %.2f s",
+        frame = build()
+        if kind == "changelog":
+            by = hash_chunks([CL_COMMIT_LSN, POSITION], chunks)
+        elif kind == "history":  # a key's close and versions together
+            by = hash_chunks(table.keys, chunks)
+        else:  # a row together with the stored row its unchanged values come from
+            roots = [root_column(j) for j in range(len(table.keys))]
+            present = all(r in frame.columns for r in roots)
+            by = hash_chunks(table.keys, chunks, roots=roots if present else ())
+        digest = hashlib.sha256(table.table_id.encode()).hexdigest()[:16]
+        folder = LakeLayout(Path(self.lake)).stage_dir / self.app_id / str(batch_id)
+        staged = stage_rows(frame, folder / f"{digest}.{kind}", chunks, by)
+        log.info(
+            "batch %s %s %s: staged in %s chunks (%.2f s)",
             batch_id,
             table.table_id,
             kind,
-            rows.num_rows,
-            spark_seconds,
-            time.monotonic() - clock - spark_seconds,
+            chunks,
+            time.monotonic() - clock,
         )
+        try:
+            for k in range(chunks):
+                if target.chunk_applied(self.app_id, batch_id, k):
+                    log.info(
+                        "batch %s %s %s: chunk %s of %s is already in the lake",
+                        batch_id,
+                        table.table_id,
+                        kind,
+                        k + 1,
+                        chunks,
+                    )
+                    continue
+                clock = time.monotonic()
+                rows = staged.read(k)
+                apply(rows, (k, chunks))
+                log.debug(
+                    "batch %s %s %s: chunk %s of %s, %s rows, Delta %.2f s",
+                    batch_id,
+                    table.table_id,
+                    kind,
+                    k + 1,
+                    chunks,
+                    rows.num_rows,
+                    time.monotonic() - clock,
+                )
+                del rows
+                commits = self._counted(commits)
+        finally:
+            staged.remove()
+        return commits
+
+    def _counted(self, commits: int) -> int:
         commits += 1
         if self.fail_after is not None and commits >= self.fail_after:
             raise RuntimeError(f"injected failure after {commits} Delta commit(s) (tests)")

@@ -36,7 +36,7 @@ from pgcdc.lake.tables import (
     XID,
     LakeTable,
 )
-from pgcdc.lake.writer import DeltaTarget, cast_to, commit_properties
+from pgcdc.lake.writer import Chunk, DeltaTarget, cast_to, commit_properties
 
 __all__ = ["append_changelog", "changelog_rows"]
 
@@ -75,6 +75,7 @@ def append_changelog(
     app_id: str,
     version: int,
     metadata: dict[str, Any] | None = None,
+    chunk: Chunk | None = None,
 ) -> int:
     """Append a batch's changelog rows in one commit; how many rows."""
     what = f"{table.table_id} changelog"
@@ -85,7 +86,7 @@ def append_changelog(
         rows,
         mode="append",
         schema_mode="merge",
-        commit_properties=commit_properties(app_id, version, metadata),
+        commit_properties=commit_properties(app_id, version, metadata, chunk=chunk),
     )
     log.debug("changelog %s: %s rows", table.table_id, rows.num_rows)
     return int(rows.num_rows)

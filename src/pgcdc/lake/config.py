@@ -305,6 +305,14 @@ class LakeSettings(_Model):
     path: Path = Field(description="lake folder (local or shared filesystem)")
     history: bool = Field(default=False, description="SCD type 2 history table per table")
     changelog: bool = Field(default=False, description="append-only change log per table")
+    rows_per_commit: int = Field(
+        default=250_000,
+        ge=1_000,
+        description=(
+            "a table's changes in one micro-batch above this are staged by the executors and "
+            "committed in chunks of about this many (memory stays flat for any transaction)"
+        ),
+    )
 
     @field_validator("path", mode="before")
     @classmethod

@@ -55,7 +55,7 @@ from pgcdc.lake.tables import (
     LakeTable,
 )
 from pgcdc.lake.toast import KEEP_PREFIX, ROOT_PREFIX, fill_from_stored, keep_flag, root_column
-from pgcdc.lake.writer import DeltaTarget, cast_to, commit_properties
+from pgcdc.lake.writer import Chunk, DeltaTarget, cast_to, commit_properties, execute_merge
 
 __all__ = ["ACTION", "history_rows", "history_schema", "merge_history"]
 
@@ -220,6 +220,7 @@ def merge_history(
     app_id: str,
     version: int,
     metadata: dict[str, Any] | None = None,
+    chunk: Chunk | None = None,
     defaults: Defaults | None = None,
 ) -> dict[str, Any]:
     """Apply a batch's ``history_rows`` to the history table in one commit."""
@@ -247,13 +248,14 @@ def merge_history(
     inserts = {
         sql_name(name): f"{SRC}.{sql_name(name)}" for name in source.column_names if name != ACTION
     }
+    props = commit_properties(app_id, version, metadata, chunk=chunk)
     merger = (
         delta.merge(
             source,
             predicate=predicate,
             source_alias=SRC,
             target_alias=TGT,
-            commit_properties=commit_properties(app_id, version, metadata),
+            commit_properties=props,
         )
         .when_matched_update(updates=closing)
         .when_not_matched_insert(updates=inserts, predicate=f"{SRC}.{ACTION} = 'insert'")
@@ -269,6 +271,6 @@ def merge_history(
             },
             predicate=f"{TGT}.{sql_name(IS_CURRENT)}",
         )
-    metrics = merger.execute()
+    metrics = execute_merge(delta, merger, app_id, version, props)
     log.debug("history %s: %s", table.table_id, metrics)
     return metrics

@@ -39,7 +39,7 @@ from pgcdc.lake.changes import (
 from pgcdc.lake.schema_evolution import Defaults, evolve
 from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME, LakeTable
 from pgcdc.lake.toast import KEEP_PREFIX, ROOT_PREFIX, fill_from_stored, keep_flag, root_column
-from pgcdc.lake.writer import DeltaTarget, cast_to, commit_properties
+from pgcdc.lake.writer import Chunk, DeltaTarget, cast_to, commit_properties, execute_merge
 
 __all__ = ["OP_COLUMN", "SRC", "TGT", "merge_mirror", "mirror_rows", "sql_name"]
 
@@ -129,6 +129,7 @@ def merge_mirror(
     app_id: str,
     version: int,
     metadata: dict[str, Any] | None = None,
+    chunk: Chunk | None = None,
     defaults: Defaults | None = None,
 ) -> dict[str, Any]:
     """Apply a batch's ``mirror_rows`` to the mirror in one commit; the MERGE metrics."""
@@ -162,13 +163,14 @@ def merge_mirror(
     inserts = {
         sql_name(name): f"{SRC}.{sql_name(name)}" for name in [*columns, COMMIT_LSN, COMMIT_TIME]
     }
+    props = commit_properties(app_id, version, metadata, chunk=chunk)
     merger = (
         delta.merge(
             source,
             predicate=key_match(table),
             source_alias=SRC,
             target_alias=TGT,
-            commit_properties=commit_properties(app_id, version, metadata),
+            commit_properties=props,
         )
         .when_matched_delete(predicate=f"{SRC}.{OP_COLUMN} = 'D'")
         .when_matched_update(updates=updates, predicate=f"{SRC}.{OP_COLUMN} <> 'D'")
@@ -176,6 +178,6 @@ def merge_mirror(
     )
     if truncated:
         merger = merger.when_not_matched_by_source_delete()
-    metrics = merger.execute()
+    metrics = execute_merge(delta, merger, app_id, version, props)
     log.debug("mirror %s: %s", table.table_id, metrics)
     return metrics

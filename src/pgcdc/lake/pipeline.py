@@ -586,6 +586,7 @@ class Pipeline:
             app_id=state.stream_app_id,
             dsn=self.dsn,
             fail_after=self._fail_after,
+            rows_per_commit=self.config.lake.rows_per_commit,
         )
         self.drop_gone_columns()
         options: dict[str, Any] = {}

@@ -124,6 +124,11 @@ class LakeLayout:
         return self.state_dir / f"checkpoint-{generation}"
 
     @property
+    def stage_dir(self) -> Path:
+        """Where executors stage the rows of large batches (``pgcdc.lake.stage``)."""
+        return self.state_dir / "stage"
+
+    @property
     def snapshot_dir(self) -> Path:
         return self.state_dir / "snapshot"
 

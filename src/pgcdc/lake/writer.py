@@ -24,19 +24,70 @@ import pyarrow.dataset as pads
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import TableNotFoundError
 
-__all__ = ["DeltaTarget", "commit_properties", "nullable_schema", "nullable_type"]
+__all__ = [
+    "CHUNK_BASE",
+    "Chunk",
+    "DeltaTarget",
+    "chunk_app_id",
+    "commit_properties",
+    "nullable_schema",
+    "nullable_type",
+]
 
 log = logging.getLogger("pgcdc.lake")
 
 
+#: a chunk's version in its ``chunk_app_id`` transaction: batch version * CHUNK_BASE + chunk
+CHUNK_BASE = 1 << 20
+
+#: one chunk of a batch committed in several (``lake.stage``): (chunk number, chunk count)
+Chunk = tuple[int, int]
+
+
+def chunk_app_id(app_id: str) -> str:
+    """The application transaction id counting the chunks of ``app_id``'s batches."""
+    return f"{app_id}.chunks"
+
+
 def commit_properties(
-    app_id: str, version: int, metadata: dict[str, Any] | None = None
+    app_id: str,
+    version: int,
+    metadata: dict[str, Any] | None = None,
+    *,
+    chunk: Chunk | None = None,
 ) -> CommitProperties:
-    """Commit properties carrying the application transaction ``(app_id, version)``."""
+    """Commit properties carrying the application transaction ``(app_id, version)``.
+
+    A batch committed in chunks tags each chunk's commit with ``(chunk_app_id(app_id), version
+    * CHUNK_BASE + chunk)`` and only its last chunk with ``(app_id, version)``: the batch counts
+    as applied once every chunk is in."""
+    transactions = []
+    if chunk is None or chunk[0] == chunk[1] - 1:
+        transactions.append(Transaction(app_id, version))
+    if chunk is not None:
+        if not 0 <= chunk[0] < chunk[1] <= CHUNK_BASE:
+            raise ValueError(f"chunk {chunk[0]} of {chunk[1]}: out of range")
+        transactions.append(Transaction(chunk_app_id(app_id), version * CHUNK_BASE + chunk[0]))
+        metadata = {**(metadata or {}), "chunk": chunk[0], "chunks": chunk[1]}
     return CommitProperties(
         custom_metadata={"pgcdc": metadata} if metadata else None,
-        app_transactions=[Transaction(app_id, version)],
+        app_transactions=transactions,
     )
+
+
+def execute_merge(
+    delta: DeltaTable, merger: Any, app_id: str, version: int, properties: CommitProperties
+) -> dict[str, Any]:
+    """Run a delta-rs MERGE; when it changed nothing (delta-rs then makes no commit), commit an
+    empty transaction with the same ``properties`` so that the batch (or chunk) is recorded as
+    applied like any other: a replay must never run a chunk again once a later one landed."""
+    before = delta.version()
+    metrics: dict[str, Any] = merger.execute()
+    delta.update_incremental()
+    if delta.version() == before:
+        delta.create_write_transaction([], "append", delta.schema(), commit_properties=properties)
+        log.debug("empty MERGE of %s %s recorded in its own commit", app_id, version)
+    return metrics
 
 
 def nullable_type(t: pa.DataType) -> pa.DataType:
@@ -102,6 +153,14 @@ class DeltaTarget:
             return False
         done = table.transaction_version(app_id)
         return done is not None and int(done) >= version
+
+    def chunk_applied(self, app_id: str, version: int, chunk: int) -> bool:
+        """Whether chunk ``chunk`` of batch ``version`` (or anything later) is in the table."""
+        table = self.table()
+        if table is None:
+            return False
+        done = table.transaction_version(chunk_app_id(app_id))
+        return done is not None and int(done) >= version * CHUNK_BASE + chunk
 
     def arrow_schema(self) -> pa.Schema | None:
         table = self.table()

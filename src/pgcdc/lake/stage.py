@@ -1,0 +1,180 @@
+"""Staging of a large micro-batch's rows, so that no Delta commit needs them all in memory.
+
+A table whose changes in one micro-batch exceed ``[lake] rows_per_commit`` is not collected to
+the driver in one piece (a transaction of millions of rows would exhaust the driver's heap).
+Its rows for one Delta table (mirror, history or changelog) are split into ``n`` chunks by a
+hash, and executors write them through the Python data source ``pgcdc_lake_stage`` (a
+``DataSourceArrowWriter``) as Arrow files, one folder per chunk, under the lake's
+``_pgcdc/stage`` folder. The driver then reads one chunk at a time and commits it to Delta.
+
+The split is deterministic: the same batch gives the same chunks on a replay (``n`` follows from
+the batch's change count, the hash from the rows), so the chunks a failed run committed already
+are recognised by their application transaction (``writer.chunk_transaction``) and skipped.
+The mirror and the history are split by the key a row's values come from (its root key when a
+key-changing update left unchanged TOAST values to fill from the stored row), so one chunk holds
+everything that fills or closes a stored row; the changelog by commit LSN and position.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = ["CHUNK", "FORMAT", "StagedRows", "chunk_count", "hash_chunks", "stage_rows"]
+
+FORMAT = "pgcdc_lake_stage"
+#: the chunk number of a staged row (a column of the staged DataFrame, not of the files)
+CHUNK = "__pgcdc_chunk"
+
+
+def chunk_count(changes: int, rows_per_commit: int) -> int:
+    """How many chunks a table's ``changes`` of one batch are committed in (1: no staging)."""
+    if rows_per_commit <= 0 or changes <= rows_per_commit:
+        return 1
+    return -(-changes // rows_per_commit)
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def hash_chunks(columns: Sequence[str], n: int, *, roots: Sequence[str] = ()) -> Any:
+    """The chunk number (0 to ``n`` - 1) of a row: a hash of ``columns``, or of ``roots`` where
+    any of them is set (a Spark column expression)."""
+    from pyspark.sql import functions as F
+
+    by_columns = F.xxhash64(*[F.col(_quoted(c)) for c in columns])
+    value = by_columns
+    if roots:
+        has_root = F.lit(False)
+        for r in roots:
+            has_root = has_root | F.col(_quoted(r)).isNotNull()
+        value = F.when(has_root, F.xxhash64(*[F.col(_quoted(r)) for r in roots])).otherwise(
+            by_columns
+        )
+    return F.pmod(value, F.lit(n))
+
+
+def _classes() -> type[Any]:
+    """The data source class (defined lazily: pyspark is imported only where needed)."""
+    from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+    @dataclass
+    class StageMessage(WriterCommitMessage):
+        files: int
+        rows: int
+
+    class StageWriter(DataSourceArrowWriter):
+        def __init__(self, options: dict[str, str]) -> None:
+            self.directory = options["path"]
+
+        def write(self, iterator: Iterator[pa.RecordBatch]) -> Any:
+            import pyarrow.compute as pc
+
+            writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+            sinks: list[Any] = []
+            rows = 0
+            task = uuid.uuid4().hex
+            try:
+                for batch in iterator:
+                    if batch.num_rows == 0:
+                        continue
+                    chunks = batch.column(CHUNK)
+                    data = batch.drop_columns([CHUNK])
+                    for value in pc.unique(chunks).to_pylist():
+                        part = data.filter(pc.equal(chunks, value))
+                        writer = writers.get(value)
+                        if writer is None:
+                            folder = os.path.join(self.directory, f"chunk-{value}")
+                            os.makedirs(folder, exist_ok=True)
+                            sink = pa.OSFile(os.path.join(folder, f"{task}.arrow"), "wb")
+                            sinks.append(sink)
+                            writer = pa.ipc.new_file(
+                                sink,
+                                part.schema,
+                                options=pa.ipc.IpcWriteOptions(compression="lz4"),
+                            )
+                            writers[value] = writer
+                        writer.write_batch(part)
+                    rows += batch.num_rows
+            finally:
+                for writer in writers.values():
+                    writer.close()
+                for sink in sinks:
+                    sink.close()
+            return StageMessage(len(writers), rows)
+
+    class StageSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return FORMAT
+
+        def writer(self, schema: Any, overwrite: bool) -> Any:
+            return StageWriter(dict(self.options))
+
+    return StageSource
+
+
+_registered: set[int] = set()
+
+
+def _register(spark: Any) -> None:
+    if id(spark) in _registered:
+        return
+    spark.dataSource.register(_classes())
+    _registered.add(id(spark))
+
+
+@dataclass(frozen=True, slots=True)
+class StagedRows:
+    """The staged rows of one Delta table of one batch: ``chunks`` folders under ``directory``."""
+
+    directory: Path
+    chunks: int
+    schema: pa.Schema
+
+    def read(self, chunk: int) -> pa.Table:
+        """Chunk ``chunk``'s rows (as ``DataFrame.toArrow`` would give them; maybe none)."""
+        folder = self.directory / f"chunk-{chunk}"
+        tables = []
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.arrow")):
+                with pa.memory_map(str(path)) as source:
+                    tables.append(pa.ipc.open_file(source).read_all())
+        if not tables:
+            return self.schema.empty_table()
+        return pa.concat_tables(tables).cast(self.schema)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def stage_rows(df: Any, directory: Path, chunks: int, chunk: Any) -> StagedRows:
+    """Write ``df``'s rows, split into ``chunks`` by the expression ``chunk``, under
+    ``directory`` (replacing what a failed attempt left there)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    schema = to_arrow_schema(
+        df.schema,
+        error_on_duplicated_field_names_in_struct=True,
+        timezone="UTC",
+        prefers_large_types=False,
+    )
+    _register(df.sparkSession)
+    (
+        df.withColumn(CHUNK, chunk)
+        .write.format(FORMAT)
+        .mode("append")
+        .option("path", str(directory))
+        .save()
+    )
+    return StagedRows(directory, chunks, schema)
