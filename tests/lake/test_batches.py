@@ -10,6 +10,7 @@ application transactions, also after a failure between two tables' commits).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -282,3 +283,17 @@ def test_chunked_commits_and_replay_after_a_failure_between_chunks(
     before = versions(lake)
     assert writer(lake, rows_per_commit=1).apply(frames[3], 3).skipped
     assert versions(lake) == before
+
+
+def test_chunks_follow_the_rows_or_their_weight(spark: Any) -> None:
+    """The chunk count of a table in a batch: by its change count or by its values' size."""
+    from pgcdc.lake.changes import batch_overview
+
+    overview = batch_overview(spark.createDataFrame(BATCHES[0], schema()), {"public.t": COLUMN})
+    info = overview.tables["public.t"]
+    assert info.image_bytes == 3 * (8 + 1 + 4)  # id (fixed width), v, big
+    plain = LakeBatchWriter(lake="x", tables=(TABLE,), table_columns=(), app_id="a")
+    assert plain._chunks(info) == 1
+    assert replace(plain, rows_per_commit=2)._chunks(info) == 2
+    assert replace(plain, bytes_per_commit=20)._chunks(info) == 2
+    assert replace(plain, rows_per_commit=1, bytes_per_commit=20)._chunks(info) == 3

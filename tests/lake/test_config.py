@@ -18,6 +18,7 @@ publication = "pgcdc_shop"
 [lake]
 path = "lake"
 history = true
+bytes_per_commit = "64MB"
 
 [spark]
 master = "spark://10.0.0.1:7077"
@@ -45,6 +46,7 @@ def test_good_config(tmp_path: Path) -> None:
     assert config.lake.path == (tmp_path / "lake").resolve()
     assert config.spark.conf == {"spark.executor.memory": "2g", "spark.speculation": "false"}
     assert config.stream.max_changes_per_trigger == 5000
+    assert (config.lake.rows_per_commit, config.lake.bytes_per_commit) == (250_000, 64 << 20)
     index, orders = config.table_settings("shop", "orders") or (None, None)
     assert index == 1 and orders is not None
     assert orders.combined_filter() == "(status = 'paid') OR (total > 100)"
@@ -71,7 +73,7 @@ def test_errors_name_the_key() -> None:
     found = problems(
         {
             "source": {"slot": "Bad-Slot", "publication": "p"},
-            "lake": {"path": "s3://bucket/lake"},
+            "lake": {"path": "s3://bucket/lake", "rows_per_commit": 10, "bytes_per_commit": "1x"},
             "spark": {"master": "localhost"},
             "stream": {"max_changes_per_trigger": 0},
             "tables": [
@@ -85,6 +87,8 @@ def test_errors_name_the_key() -> None:
     )
     assert "valid slot name" in found["source.slot"]
     assert "only local" in found["lake.path"]
+    assert "greater than or equal to 1000" in found["lake.rows_per_commit"]
+    assert "is not a size" in found["lake.bytes_per_commit"]
     assert "not a Spark master URL" in found["spark.master"]
     assert "greater than 0" in found["stream.max_changes_per_trigger"]
     assert "3 dot-separated parts" in found["tables[0].name"]

@@ -142,6 +142,14 @@ class LakeBatchWriter:
     fail_after: int | None = None  # tests: raise after this many Delta commits of a batch
     #: a table's changes in one batch above this are staged and committed in chunks
     rows_per_commit: int = 250_000
+    bytes_per_commit: int = 128 << 20  # ... or whose values weigh more than this
+
+    def _chunks(self, info: TableOverview) -> int:
+        """How many commits a table's rows of the batch go in (deterministic per batch)."""
+        return max(
+            chunk_count(info.changes, self.rows_per_commit),
+            chunk_count(info.image_bytes, self.bytes_per_commit),
+        )
 
     def _targets(self, table: LakeTable) -> dict[TableKind, DeltaTarget]:
         layout = LakeLayout(Path(self.lake))
@@ -314,7 +322,7 @@ class LakeBatchWriter:
                     build=lambda: mirror_rows(resolved, table, names, info),
                     apply=apply_mirror,
                     commits=commits,
-                    chunks=chunk_count(info.changes, self.rows_per_commit),
+                    chunks=self._chunks(info),
                 )
             if "history" in targets:
                 commits = self._commit_one(
@@ -339,11 +347,7 @@ class LakeBatchWriter:
                     # in one piece when a TRUNCATE closes every version no row of the MERGE
                     # touched, or when a key change leaves values to fill from another key's
                     # current version (which that key's own close may end in another chunk)
-                    chunks=(
-                        1
-                        if info.truncates or info.old_with_unchanged
-                        else chunk_count(info.changes, self.rows_per_commit)
-                    ),
+                    chunks=(1 if info.truncates or info.old_with_unchanged else self._chunks(info)),
                 )
             if "changelog" in targets:
                 commits = self._commit_one(
@@ -362,7 +366,7 @@ class LakeBatchWriter:
                         chunk=chunk,
                     ),
                     commits=commits,
-                    chunks=chunk_count(info.changes, self.rows_per_commit),
+                    chunks=self._chunks(info),
                 )
         finally:
             if resolved is not None and resolved.is_cached:

@@ -98,6 +98,9 @@ class TableOverview:
     unchanged_columns: frozenset[str] = field(default_factory=frozenset)
     # updates with an old image and unchanged TOAST values (key changes among them)
     old_with_unchanged: int = 0
+    #: estimated size of the new images (text and binary values at their length, others at
+    #: 8 bytes, nested values as JSON): what the table's rows weigh in memory
+    image_bytes: int = 0
 
     @property
     def changes(self) -> int:
@@ -154,6 +157,12 @@ def batch_overview(df: Any, table_columns: dict[str, str]) -> BatchOverview:
         if known
         else F.lit(None)
     )
+    sizes = [
+        F.when(F.col(quote_column(c)).isNotNull(), _image_bytes(df, c))
+        for c in known
+        if _image_bytes(df, c) is not None
+    ]
+    size = F.coalesce(*sizes, F.lit(0)) if sizes else F.lit(0)
     op = F.col("_op")
     rows = (
         df.groupBy("_table_id")
@@ -162,6 +171,7 @@ def batch_overview(df: Any, table_columns: dict[str, str]) -> BatchOverview:
             F.sum(F.when(op == "U", 1).otherwise(0)).alias("u"),
             F.sum(F.when(op == "D", 1).otherwise(0)).alias("d"),
             F.sum(F.when((op == "U") & old_unchanged.isNotNull(), 1).otherwise(0)).alias("ou"),
+            F.sum(size.cast("long")).alias("b"),
             F.min("_commit_lsn").alias("lo"),
             F.max("_commit_lsn").alias("hi"),
             F.collect_list(
@@ -189,8 +199,33 @@ def batch_overview(df: Any, table_columns: dict[str, str]) -> BatchOverview:
             max_lsn=row["hi"],
             unchanged_columns=frozenset(row["c"] or ()),
             old_with_unchanged=int(row["ou"]),
+            image_bytes=int(row["b"] or 0),
         )
     return BatchOverview(tables)
+
+
+def _image_bytes(df: Any, column: str) -> Any | None:
+    """An estimate of the size of a row's new image in struct ``column`` (a Spark column)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    struct = df.schema[column].dataType
+    if not isinstance(struct, T.StructType) or "new" not in struct.fieldNames():
+        return None
+    image = struct["new"].dataType
+    if not isinstance(image, T.StructType):
+        return None
+    new = F.col(quote_column(column)).getField("new")
+    total: Any = F.lit(0)
+    for f in image.fields:
+        value = new.getField(f.name)
+        if isinstance(f.dataType, (T.StringType, T.BinaryType)):
+            total = total + F.coalesce(F.octet_length(value), F.lit(0))
+        elif isinstance(f.dataType, (T.ArrayType, T.MapType, T.StructType)):
+            total = total + F.coalesce(F.octet_length(F.to_json(value)), F.lit(0))
+        else:
+            total = total + F.lit(8)
+    return total
 
 
 def lake_type(dtype: Any) -> Any:

@@ -23,7 +23,10 @@ Reference (defaults in brackets):
     seconds between the running pipeline's checks of its slot (retained WAL, invalidation).
 ``[lake]``
     ``path``: the lake folder (local, or a shared filesystem mounted at the same path on every
-    Spark machine); ``history`` [false] and ``changelog`` [false]: defaults for every table.
+    Spark machine); ``history`` [false] and ``changelog`` [false]: defaults for every table;
+    ``rows_per_commit`` [250000] and ``bytes_per_commit`` ["128MB"]: a table's changes in one
+    micro-batch above either are staged by the executors and committed in chunks of about that
+    size (``pgcdc.lake.stage``), so memory stays flat whatever a transaction's size.
 ``[spark]``
     ``master`` ["local[*]"]: ``local[N]``, ``spark://host:port``, ``yarn``, ``k8s://...``, or a
     Spark Connect URL ``sc://host:port``; ``app_name`` ["pgcdc"]; ``driver_host``: the address
@@ -123,6 +126,8 @@ _SIZE_UNITS = {
 }
 #: ``[source] retained_wal_warning`` by default: 1 GiB
 DEFAULT_RETAINED_WAL_WARNING = 1 << 30
+#: ``[lake] bytes_per_commit`` by default: 128 MiB
+DEFAULT_BYTES_PER_COMMIT = 128 << 20
 
 
 def parse_size(text: str) -> int:
@@ -313,6 +318,21 @@ class LakeSettings(_Model):
             "committed in chunks of about this many (memory stays flat for any transaction)"
         ),
     )
+    bytes_per_commit: int = Field(
+        default=DEFAULT_BYTES_PER_COMMIT,
+        ge=1 << 20,
+        description=(
+            "the same limit in bytes of the rows' values (or '128MB'): whichever of the two "
+            "gives more chunks"
+        ),
+    )
+
+    @field_validator("bytes_per_commit", mode="before")
+    @classmethod
+    def _bytes_per_commit(cls, value: object) -> object:
+        if isinstance(value, str):
+            return parse_size(value)
+        return value
 
     @field_validator("path", mode="before")
     @classmethod

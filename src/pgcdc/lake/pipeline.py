@@ -587,6 +587,7 @@ class Pipeline:
             dsn=self.dsn,
             fail_after=self._fail_after,
             rows_per_commit=self.config.lake.rows_per_commit,
+            bytes_per_commit=self.config.lake.bytes_per_commit,
         )
         self.drop_gone_columns()
         options: dict[str, Any] = {}
