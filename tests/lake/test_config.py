@@ -87,7 +87,7 @@ def test_errors_name_the_key() -> None:
     )
     assert "valid slot name" in found["source.slot"]
     assert "only local" in found["lake.path"]
-    assert "greater than or equal to 1000" in found["lake.rows_per_commit"]
+    assert "greater than or equal to 100" in found["lake.rows_per_commit"]
     assert "is not a size" in found["lake.bytes_per_commit"]
     assert "not a Spark master URL" in found["spark.master"]
     assert "greater than 0" in found["stream.max_changes_per_trigger"]

@@ -42,7 +42,7 @@ def make_config(
     return parse_config(
         {
             "source": source,
-            "lake": {"path": str(lake), **extra.pop("lake", {})},
+            "lake": {"path": str(lake), **extra.pop("lake_options", {})},
             "stream": extra.pop("stream", {}),
             "tables": tables,
         }
@@ -69,15 +69,16 @@ def assert_history_matches_mirror(pipeline: Pipeline, table: LakeTable) -> None:
             assert row["__end_op"] is None and row["__is_current"]
 
 
-def batch_commits(target: DeltaTarget) -> list[int]:
-    """The stream batch ids of a Delta table's data commits (from their commit metadata)."""
+def batch_commits(target: DeltaTarget) -> list[tuple[int, int]]:
+    """(stream batch id, chunk) of a Delta table's data commits (from their commit metadata;
+    chunk 0 for a batch committed in one piece)."""
     table = target.table()
     assert table is not None
     out = []
     for commit in table.history():
         meta = commit.get("pgcdc")
         if isinstance(meta, dict) and "batch" in meta:
-            out.append(int(meta["batch"]))
+            out.append((int(meta["batch"]), int(meta.get("chunk", 0))))
     return out
 
 
@@ -103,6 +104,8 @@ def test_randomized_workload(pg: PgDatabase, spark: Any, tmp_path: Path) -> None
             {"name": "kv", "history": True},
         ],
         stream={"max_changes_per_trigger": 400, "trigger_interval": 1},
+        # larger batches of a table (the big transaction) are committed in chunks
+        lake_options={"rows_per_commit": 200},
     )
     pipeline = Pipeline(config, spark=spark)
     plan = pipeline.check()
@@ -157,12 +160,15 @@ def test_randomized_workload(pg: PgDatabase, spark: Any, tmp_path: Path) -> None
     assert result.resumed
     assert_equal(final)
     assert final.plan is not None
+    chunked = 0
     for table in final.plan.tables:
         if table.history:
             assert_history_matches_mirror(final, table)
         for kind in table.kinds():
             ids = batch_commits(DeltaTarget(table.path(final.layout, kind)))
             assert len(ids) == len(set(ids)), f"{table.table_id} {kind}: a batch applied twice"
+            chunked += sum(1 for _, chunk in ids if chunk > 0)
+    assert chunked > 0  # the chunked path was taken
     everything = final.plan.table("public.everything")
     changelog = DeltaTarget(everything.path(final.layout, "changelog")).read()
     ops = Counter(changelog.column("__op").to_pylist())

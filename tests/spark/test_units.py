@@ -152,6 +152,11 @@ def test_copy_binary_rows_become_pgoutput_inserts():
             Insert(None, 16384, (b"\x00\x00\x00\x07", None)),
             Insert(None, 16384, (b"\x00\x00\x00\x08", b"hi")),
         ]
+    # a column the COPY casts to text (a type pgcdc only reads as text) is a text value
+    messages = list(copy_messages([data], 16384, 2, text_columns={1}))
+    assert [Decoder(1).decode(m) for m in messages][1] == Insert(
+        None, 16384, (b"\x00\x00\x00\x08", "hi")
+    )
 
 
 def test_schema_changed_is_recognised_through_wrapping():

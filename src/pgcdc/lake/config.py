@@ -312,7 +312,7 @@ class LakeSettings(_Model):
     changelog: bool = Field(default=False, description="append-only change log per table")
     rows_per_commit: int = Field(
         default=250_000,
-        ge=1_000,
+        ge=100,
         description=(
             "a table's changes in one micro-batch above this are staged by the executors and "
             "committed in chunks of about this many (memory stays flat for any transaction)"

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,7 @@ _I16 = struct.Struct("!h")
 _I32 = struct.Struct("!i")
 _NULL = b"n"
 _BINARY = b"b"
+_TEXT = b"t"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +94,18 @@ def render_filter(text: str) -> str:
         ) from None
 
 
-def copy_messages(blocks: Iterable[bytes | memoryview], relid: int, ncols: int) -> Iterator[bytes]:
-    """pgoutput Insert messages (binary values) from a ``COPY ... (FORMAT binary)`` stream."""
+def copy_messages(
+    blocks: Iterable[bytes | memoryview],
+    relid: int,
+    ncols: int,
+    text_columns: Collection[int] = (),
+) -> Iterator[bytes]:
+    """pgoutput Insert messages (binary values) from a ``COPY ... (FORMAT binary)`` stream.
+
+    ``text_columns``: the (0-based) columns the COPY casts to ``text`` (types pgcdc only reads
+    as text): text's binary form is its text, so they become text-format ('t') values."""
     prefix = b"I" + relid.to_bytes(4, "big") + b"N" + ncols.to_bytes(2, "big")
+    kinds = [_TEXT if i in text_columns else _BINARY for i in range(ncols)]
     buffer = bytearray()
     position = 0
     started = False
@@ -129,7 +139,7 @@ def copy_messages(blocks: Iterable[bytes | memoryview], relid: int, ncols: int) 
             at = position + 2
             parts = [prefix]
             complete = True
-            for _ in range(count):
+            for kind in kinds:
                 if at + 4 > size:
                     complete = False
                     break
@@ -142,7 +152,7 @@ def copy_messages(blocks: Iterable[bytes | memoryview], relid: int, ncols: int) 
                 if stop > size:
                     complete = False
                     break
-                parts.append(_BINARY)
+                parts.append(kind)
                 parts.append(bytes(buffer[at:stop]))
                 at = stop
             if not complete:
@@ -153,16 +163,32 @@ def copy_messages(blocks: Iterable[bytes | memoryview], relid: int, ncols: int) 
         position = 0
 
 
-def _select_list(table: CatalogTable, registry: TypeRegistry) -> sql.Composable:
-    items: list[sql.Composable] = []
-    for column in table.columns:
-        ident = sql.Identifier(column.name)
+def _text_casts(table: CatalogTable, registry: TypeRegistry) -> dict[int, str]:
+    """The columns (by position) the COPY casts: to ``text``, or ``text[]`` for arrays, where
+    pgcdc cannot read the type's binary form."""
+    casts = {}
+    for i, column in enumerate(table.columns):
         if codec_knows(column.type_oid, registry):
-            items.append(ident)
             continue
         info = registry.resolve(column.type_oid)
-        cast = "text[]" if info is not None and info.kind == "array" else "text"
-        items.append(sql.SQL("{}::{}").format(ident, sql.SQL(cast)))
+        casts[i] = "text[]" if info is not None and info.kind == "array" else "text"
+    return casts
+
+
+def text_columns(table: CatalogTable, registry: TypeRegistry) -> frozenset[int]:
+    """The columns whose COPY value is plain text (``copy_messages``' ``text_columns``)."""
+    return frozenset(i for i, cast in _text_casts(table, registry).items() if cast == "text")
+
+
+def _select_list(table: CatalogTable, registry: TypeRegistry) -> sql.Composable:
+    casts = _text_casts(table, registry)
+    items: list[sql.Composable] = []
+    for i, column in enumerate(table.columns):
+        ident = sql.Identifier(column.name)
+        if i in casts:
+            items.append(sql.SQL("{}::{}").format(ident, sql.SQL(casts[i])))
+        else:
+            items.append(ident)
     return sql.SQL(", ").join(items) if items else sql.SQL("")
 
 
@@ -285,7 +311,12 @@ class PgcdcSnapshotReader(DataSourceReader):
                     )
                     _check_not_rewritten(conn, table, self.settings.dsn)
                 with conn.cursor().copy(query) as copy:
-                    messages = copy_messages(_blocks(copy), table.relid, len(table.columns))
+                    messages = copy_messages(
+                        _blocks(copy),
+                        table.relid,
+                        len(table.columns),
+                        text_columns(table, registry),
+                    )
                     yield from decode_transactions(decoder, [(label, False, 0, messages)])
                 conn.execute("COMMIT")
             except psycopg.Error as exc:
