@@ -71,6 +71,9 @@ publication = "chaos_pub"
 path = "lake"
 history = true
 changelog = true
+# batches of more than this many changes of a table are committed in chunks: kills land
+# between the chunks of a batch too
+rows_per_commit = 5000
 
 [spark]
 master = "local[2]"
