@@ -40,11 +40,15 @@ LIMITS = {
         "COPY to /dev/null only formats text in one server process"
     ),
     "memory": (
-        "Spark itself: the JVM (1 GB default driver heap; it grows with the transaction and "
-        "runs out of heap at about 200 MB of WAL: the batch holds the whole transaction and its "
-        "rows are collected to the driver, toArrow) plus about 900 MB of Spark's Python workers "
-        "(pyspark, pyarrow, pgcdc imported in each); streaming does not change it, the receiver "
-        "spools to disk either way. One out-of-heap run hung instead of exiting"
+        "Spark itself, by process at the largest size: the JVM about 1.5 GB (1 GB default "
+        "driver heap, filled as the batch is persisted and reduced; capped by the heap), Spark's "
+        "Python workers 0.9-1.3 GB (pyspark, pyarrow, pgcdc imported in each, then decoding and "
+        "staging), the driver 0.25-0.8 GB. A table's batch above [lake] bytes_per_commit "
+        "(128 MB of values) or rows_per_commit is staged by the executors and committed in "
+        "chunks, so the driver holds one chunk at a time (before: the whole transaction was "
+        "collected to the driver and ran out of heap at about 200 MB of WAL). Below the chunk "
+        "size, memory grows with the batch until the JVM heap is full; streaming does not change "
+        "it, the receiver spools to disk either way"
     ),
     "latency": (
         "a fixed 1.5-2 s of Spark work per micro-batch whatever its size (planning, several "
