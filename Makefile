@@ -31,6 +31,17 @@ CHAOS_KILLS ?= 20
 chaos: setup
 	CHAOS_KILLS=$(CHAOS_KILLS) $(PY) -m tools.chaos
 
+# Coverage-guided fuzzing (atheris) of the decoders, the Spark framer and the assembler:
+# FUZZ_SECONDS per target; findings are written as crash-* files in .fuzz/.
+.PHONY: fuzz
+FUZZ_SECONDS ?= 60
+
+fuzz: setup
+	mkdir -p .fuzz/corpus && $(PY) -m tools.fuzz --seeds .fuzz/corpus
+	cd .fuzz && for target in decoder columnar framer assembler; do \
+		PYTHONPATH=$(CURDIR) ../$(PY) -m tools.fuzz $$target -max_total_time=$(FUZZ_SECONDS) corpus || exit 1; \
+	done
+
 # Benchmarks (never part of `make test`; they never fail on speed). BENCH_SCALE=0.05 for a
 # quick run; results, README.md table and bench.png in bench-results/.
 .PHONY: bench-catchup bench-snapshot bench-memory bench-latency bench-report

@@ -6,8 +6,8 @@ bytes spliced in; what comes out is either the right result or the layer's own e
 (``ProtocolError`` for bytes, ``SparkSourceError`` / ``DecodingError`` for a sequence that
 cannot happen), never ``struct.error``, ``IndexError``, ``UnicodeDecodeError``, ``KeyError``...
 
-atheris (coverage-guided fuzzing) does not install for this interpreter (see the report); these
-hypothesis tests are the fuzzers the suite runs.
+Coverage-guided fuzzing of the same layers with atheris is in ``tools/fuzz.py`` (shortened in
+``test_atheris.py``, longer with ``make fuzz``).
 """
 
 from __future__ import annotations
