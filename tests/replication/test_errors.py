@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -30,8 +31,8 @@ OPTIONS = StreamOptions(("pub",))
 
 def _both(pg: PgDatabase, slot: str = "s", dsn: str | None = None) -> Iterator[object]:
     """The same failure through the replication session and through the SQL interface."""
-    yield ReplicationSession(dsn or pg.dsn(), slot, OPTIONS, **FAST)
-    yield SqlSlotReader(dsn or pg.dsn(), slot, OPTIONS, poll_interval=0.1)
+    yield ReplicationSession(dsn or pg.dsn(), slot, OPTIONS, **FAST, slot_wait=0.5)
+    yield SqlSlotReader(dsn or pg.dsn(), slot, OPTIONS, poll_interval=0.1, slot_wait=0.5)
 
 
 def _connect(source: object) -> None:
@@ -142,6 +143,26 @@ def test_slot_already_active(pg: PgDatabase) -> None:
             assert "in use by" in str(err.value)
             assert "pg_terminate_backend" in str(err.value)
         assert slot_row(pg)["active_pid"] == pid  # the first consumer was left alone
+
+
+def test_slot_released_while_waiting(pg: PgDatabase) -> None:
+    """A consumer that just stopped leaves its walsender exiting for a moment: the next one
+    waits for the slot (``slot_wait``) instead of failing with SlotActiveError."""
+    setup_table(pg)
+    first = ReplicationSession(pg.dsn(), "s", OPTIONS, **FAST)
+    first.connect()
+    next(iter(first.events()))
+    pid = slot_row(pg)["active_pid"]
+    timer = threading.Timer(1.5, first.close)
+    timer.start()
+    second = ReplicationSession(pg.dsn(), "s", OPTIONS, **FAST, slot_wait=30)
+    try:
+        second.connect()
+        next(iter(second.events()))
+        assert slot_row(pg)["active_pid"] not in (None, pid)
+    finally:
+        second.close()
+        timer.join()
 
 
 def test_slot_invalidated(pg: PgDatabase) -> None:

@@ -50,7 +50,7 @@ from pgcdc.replication.feedback import FeedbackTracker
 from pgcdc.replication.options import ResolvedOptions, StreamOptions, resolve_options
 from pgcdc.replication.publication import missing_publications
 from pgcdc.replication.reconnect import Backoff, ReconnectPolicy
-from pgcdc.replication.slot import check_slot_name, require_usable_slot
+from pgcdc.replication.slot import ACTIVE_WAIT_SECONDS, check_slot_name, require_usable_slot
 from pgcdc.replication.transport import (
     Psycopg2Transport,
     ReplicationTransport,
@@ -88,7 +88,9 @@ class ReplicationSession:
     cannot reconnect (it raises ``ConnectionLostError``). With ``acknowledge=False`` the session
     never reports a flush position: the slot stays where it was, whatever is confirmed.
     ``receive_timeout``: with nothing at all from the server for half of it the session asks
-    for a keepalive, after all of it the connection counts as lost.
+    for a keepalive, after all of it the connection counts as lost. ``slot_wait``: seconds to
+    wait at the start for a slot still held by a walsender (a consumer that just stopped) before
+    raising ``SlotActiveError``.
 
     Use as a context manager (or call ``connect()`` and ``close()``), iterate ``events()`` and
     ``confirm()`` what has been made durable. ``confirm()`` may be called from another thread;
@@ -110,6 +112,7 @@ class ReplicationSession:
         temporary_slot: bool = False,
         acknowledge: bool = True,
         transport_factory: TransportFactory = Psycopg2Transport,
+        slot_wait: float = ACTIVE_WAIT_SECONDS,
     ) -> None:
         check_slot_name(slot)
         if not isinstance(options, StreamOptions):
@@ -132,6 +135,8 @@ class ReplicationSession:
         self.receive_timeout = float(receive_timeout)
         self.connect_timeout = float(connect_timeout)
         self.temporary_slot = temporary_slot
+        #: seconds to wait at start for the slot's previous walsender to release it
+        self.slot_wait = float(slot_wait)
         #: False: report no flush position ever, so the slot stays where it was (``--no-ack``)
         self.acknowledge = acknowledge
         self._factory = transport_factory
@@ -458,7 +463,12 @@ class ReplicationSession:
             self.proto_version = self._resolved.proto_version
             position: Lsn | None = None
             if not self.temporary_slot:
-                info = require_usable_slot(conn, self.slot, allow_active=not first)
+                info = require_usable_slot(
+                    conn,
+                    self.slot,
+                    allow_active=not first,
+                    active_wait=self.slot_wait if first else 0.0,
+                )
                 position = info.confirmed_flush_lsn
             missing = missing_publications(conn, self.options.publication_names)
             if missing:

@@ -39,6 +39,7 @@ from pgcdc.replication.transport import (
 )
 
 __all__ = [
+    "ACTIVE_WAIT_SECONDS",
     "CreatedSlot",
     "ExportedSnapshot",
     "SlotInfo",
@@ -141,11 +142,31 @@ def list_slots(target: Connectable, *, database: str | None = None) -> list[Slot
     return [SlotInfo.from_row(row[0]) for row in rows]
 
 
+#: how long a consumer starting on a slot waits for the slot's previous walsender to exit (a
+#: consumer that just stopped on it: its walsender exits a moment after the connection closed)
+ACTIVE_WAIT_SECONDS = 10.0
+
+
 def require_usable_slot(
-    conn: psycopg.Connection[Any], name: str, *, allow_active: bool = False
+    conn: psycopg.Connection[Any],
+    name: str,
+    *,
+    allow_active: bool = False,
+    active_wait: float = 0.0,
 ) -> SlotInfo:
-    """The slot, checked to be a logical pgoutput slot of this database that can stream."""
+    """The slot, checked to be a logical pgoutput slot of this database that can stream
+    (waiting up to ``active_wait`` seconds for it to be released if it is in use)."""
     info = slot_info(conn, name)
+    deadline = time.monotonic() + active_wait
+    while (
+        info is not None
+        and info.active
+        and not allow_active
+        and not info.lost
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+        info = slot_info(conn, name)
     server = server_name(conn)
     if info is None:
         raise SlotNotFoundError(

@@ -50,7 +50,7 @@ from pgcdc.replication.events import Idle, Reconnected, ReplicationEvent, WalDat
 from pgcdc.replication.options import ResolvedOptions, StreamOptions, resolve_options
 from pgcdc.replication.publication import missing_publications
 from pgcdc.replication.reconnect import Backoff, ReconnectPolicy
-from pgcdc.replication.slot import check_slot_name, require_usable_slot
+from pgcdc.replication.slot import ACTIVE_WAIT_SECONDS, check_slot_name, require_usable_slot
 
 __all__ = ["SqlSlotReader"]
 
@@ -156,6 +156,7 @@ class SqlSlotReader:
         batch_size: int = 1000,
         connect_timeout: float = 10.0,
         acknowledge: bool = True,
+        slot_wait: float = ACTIVE_WAIT_SECONDS,
     ) -> None:
         check_slot_name(slot)
         if not isinstance(options, StreamOptions):
@@ -171,6 +172,8 @@ class SqlSlotReader:
         self.poll_interval = float(poll_interval)
         self.batch_size = batch_size
         self.connect_timeout = float(connect_timeout)
+        #: seconds to wait at start for the slot's previous walsender to release it
+        self.slot_wait = float(slot_wait)
         #: False: never advance the slot (``--no-ack``); confirm() only tracks progress locally
         self.acknowledge = acknowledge
         self.server = describe_server(dsn)
@@ -490,7 +493,7 @@ class SqlSlotReader:
             self.server_version = conn.info.server_version
             self._resolved = resolve_options(self.options, self.server_version)
             self.proto_version = self._resolved.proto_version
-            info = require_usable_slot(conn, self.slot)
+            info = require_usable_slot(conn, self.slot, active_wait=self.slot_wait)
             missing = missing_publications(conn, self.options.publication_names)
             if missing:
                 raise PublicationNotFoundError(
