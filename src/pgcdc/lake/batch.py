@@ -231,7 +231,8 @@ class LakeBatchWriter:
             result.skipped = result.tables == 0 and bool(overview.tables)
         finally:
             df.unpersist()
-            stage = LakeLayout(Path(self.lake)).stage_dir / self.app_id / str(batch_id)
+            # batches apply one at a time: what is staged for this app id is this batch's
+            stage = LakeLayout(Path(self.lake)).stage_dir / self.app_id
             if stage.exists():
                 shutil.rmtree(stage, ignore_errors=True)
         result.seconds = time.monotonic() - started
@@ -390,6 +391,16 @@ class LakeBatchWriter:
         executors and applied chunk by chunk, skipping the chunks a failed attempt committed.
         Logs the time each side took and counts the commits (``fail_after`` injects a failure
         after that many commits, for tests)."""
+        previous = target.partial_chunks(self.app_id, batch_id)
+        if previous is not None and previous != chunks:
+            log.info(
+                "batch %s %s %s: continuing in %s chunks, as the interrupted attempt split it",
+                batch_id,
+                table.table_id,
+                kind,
+                previous,
+            )
+            chunks = previous
         if chunks == 1:
             clock = time.monotonic()
             rows = build().toArrow()

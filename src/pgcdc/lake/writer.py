@@ -162,6 +162,30 @@ class DeltaTarget:
         done = table.transaction_version(chunk_app_id(app_id))
         return done is not None and int(done) >= version * CHUNK_BASE + chunk
 
+    def partial_chunks(self, app_id: str, version: int) -> int | None:
+        """The chunk count an interrupted attempt at batch ``version`` committed its first
+        chunks with (None when no chunk of that batch is in the table, or all of them are): a
+        replay must split the batch the same way, whatever the settings say now."""
+        table = self.table()
+        if table is None:
+            return None
+        done = table.transaction_version(chunk_app_id(app_id))
+        if done is None or int(done) // CHUNK_BASE != version or self.applied(app_id, version):
+            return None
+        for commit in table.history(1000):
+            meta = commit.get("pgcdc")
+            if (
+                isinstance(meta, dict)
+                and meta.get("batch") == version
+                and isinstance(meta.get("chunks"), int)
+            ):
+                return int(meta["chunks"])
+        raise RuntimeError(
+            f"{self.path}: chunks of batch {version} are committed but none of the last 1000 "
+            "commits records their count; do not change rows_per_commit / bytes_per_commit "
+            "while a batch is half applied"
+        )
+
     def arrow_schema(self) -> pa.Schema | None:
         table = self.table()
         if table is None:
