@@ -33,7 +33,7 @@ Reference (defaults in brackets):
     executors reach this process at; ``[spark.conf]``: any Spark settings.
 ``[stream]``
     ``trigger_interval`` [5] seconds between micro-batches when running continuously;
-    ``max_changes_per_trigger`` [100000] and ``max_bytes_per_trigger`` [none]: batch size
+    ``max_changes_per_trigger`` [250000] and ``max_bytes_per_trigger`` [none]: batch size
     limits (whole transactions, at least one per batch); ``snapshot_partitions_per_table``
     [by size]: ctid ranges each table's initial copy is split into.
 ``[metrics]``
@@ -401,7 +401,7 @@ class StreamSettings(_Model):
     trigger_interval: float = Field(
         default=5.0, ge=0, description="seconds between micro-batches when running continuously"
     )
-    max_changes_per_trigger: int | None = Field(default=100_000, gt=0)
+    max_changes_per_trigger: int | None = Field(default=250_000, gt=0)
     max_bytes_per_trigger: int | None = Field(default=None, gt=0)
     snapshot_partitions_per_table: int | None = Field(
         default=None, gt=0, description="ctid ranges each table's snapshot is split into"
