@@ -5,9 +5,10 @@ Python worker, so it is a plain picklable object). For each table with changes i
 each of its Delta tables (mirror, history, changelog) not already holding this batch's commit
 (``Transaction(app_id, batch_id)``), it builds the rows in Spark, collects them as Arrow and
 commits them with delta-rs in one commit per Delta table. A table with more than
-``rows_per_commit`` changes in the batch is instead staged by the executors and committed in
-chunks (``pgcdc.lake.stage``), so memory stays flat however large a transaction is. A replayed
-batch's commits (or chunks) that are already there are skipped.
+``rows_per_commit`` changes (or ``bytes_per_commit`` of values) in the batch is instead staged
+by the executors and committed in chunks (``pgcdc.lake.stage``), so the driver holds one chunk
+at a time however large a transaction is. A replayed batch's commits (or chunks) that are
+already there are skipped.
 
 ``Progress`` (per app id, in ``PROGRESS``) sums what the batches applied in this process and
 tells its listeners (``BatchListener``: the pipeline's metrics and progress display) about each
