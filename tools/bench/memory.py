@@ -90,15 +90,16 @@ def big_transaction(conn: Any, table: str, target_bytes: int) -> tuple[int, int,
     return rows, wal, time.perf_counter() - started
 
 
-def measure(scale: float) -> dict[str, Any]:
+def measure(scale: float, modes: Sequence[str] = tuple(MODES)) -> dict[str, Any]:
     sizes = [max(1 << 20, round(gb * scale * (1 << 30))) for gb in FULL_SIZES_GB]
+    chosen = {mode: MODES[mode] for mode in modes}
     runs: list[dict[str, Any]] = []
     with (
         bench_cluster() as cluster,
         scratch_dir(NAME) as workdir,
         connect(cluster) as conn,
     ):
-        tables = [_table(mode, i) for mode in MODES for i in range(len(sizes))]
+        tables = [_table(mode, i) for mode in chosen for i in range(len(sizes))]
         for table in tables:
             conn.execute(
                 sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, payload text)").format(
@@ -106,7 +107,7 @@ def measure(scale: float) -> dict[str, Any]:
                 )
             )
         idle: RunOutcome | None = None
-        for mode, work_mem in MODES.items():
+        for mode, work_mem in chosen.items():
             conn.execute(
                 sql.SQL("ALTER SYSTEM SET logical_decoding_work_mem = {}").format(
                     sql.Literal(work_mem)
@@ -164,7 +165,7 @@ def measure(scale: float) -> dict[str, Any]:
     assert idle is not None
     peak = max(r["peak_rss_bytes"] for r in runs)
     growth = {}
-    for mode in MODES:
+    for mode in chosen:
         mine = [r for r in runs if r["streaming"] == mode]
         growth[mode] = mine[-1]["peak_rss_bytes"] / max(mine[0]["peak_rss_bytes"], 1)
     flat = all(g <= 1.25 for g in growth.values()) and not any(r["failed"] for r in runs)
@@ -191,8 +192,18 @@ def measure(scale: float) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.memory", description=__doc__)
     add_common_arguments(parser)
+    parser.add_argument(
+        "--modes",
+        default="on,off",
+        help="streaming modes to measure, comma-separated (on: the server streams the "
+        "transaction, off: it sends it whole); default on,off",
+    )
     args = parser.parse_args(argv)
-    result = measure(args.scale)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or not modes:
+        parser.error(f"--modes takes on and/or off, not {args.modes!r}")
+    result = measure(args.scale, modes)
     path = write_result(NAME, args.scale, result)
     print(f"\npeak memory of pgcdc run, one transaction (scale {args.scale:g})")
     print(f"{'streaming':<11}{'WAL MB':>9}{'peak RSS MiB':>14}{'peak PSS MiB':>14}{'s':>7}")
