@@ -133,7 +133,11 @@ def test_reconnect_and_restart_keep_each_transaction_once(pg: PgDatabase):
     assert sum(b.num_rows for b in rows) == 4
     reader.stop()  # the reader process ends before Spark committed the batch
     info = slot_info(pg.dsn(), "s")
-    assert info is not None and info.confirmed_flush_lsn == Lsn.parse(start["end_lsn"])
+    # the slot moved only over WAL before the first transaction (a keepalive's WAL end, reported
+    # as flushed while nothing was pending), never over a transaction Spark did not commit
+    first_commit = _labels(batch)[0][0]
+    assert info is not None
+    assert Lsn.parse(start["end_lsn"]) <= info.confirmed_flush_lsn < first_commit
 
     again = _reader(pg)
     replay = again.partitions(start, first)  # waits for the new receiver to get there
@@ -146,7 +150,7 @@ def test_reconnect_and_restart_keep_each_transaction_once(pg: PgDatabase):
     assert tail.column("_table").to_pylist() == ["t", "t"]
     again.commit(rest)
     info = slot_info(pg.dsn(), "s")
-    assert info is not None and str(info.confirmed_flush_lsn) == rest["end_lsn"]
+    assert info is not None and info.confirmed_flush_lsn >= Lsn.parse(rest["end_lsn"])
     again.stop()
 
 
