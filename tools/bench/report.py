@@ -49,7 +49,10 @@ LIMITS = {
         "chunks, so the driver holds one chunk at a time (before: the whole transaction was "
         "collected to the driver and ran out of heap at about 200 MB of WAL). Below the chunk "
         "size, memory grows with the batch until the JVM heap is full; streaming does not change "
-        "it, the receiver spools to disk either way"
+        "it, the receiver spools to disk either way. At scale 0.5 (streaming on, "
+        "memory-scale0.5-streaming-on.json) every size up to 1,075 MB of WAL is applied, the JVM "
+        "(1.5 GB) and the workers (1.2 GB) level off, but the driver still grows with the "
+        "transaction (0.4 to 2.0 GB; cause not found yet)"
     ),
     "latency": (
         "a fixed 1.5-2 s of Spark work per micro-batch whatever its size (planning, several "
