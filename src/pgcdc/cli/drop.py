@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,9 +40,6 @@ if TYPE_CHECKING:  # the lake is imported when the command runs
 log = logging.getLogger("pgcdc.drop")
 
 NAME = "drop"
-
-#: How long a slot still in use is watched for its walsender to exit before drop refuses.
-ACTIVE_WAIT_SECONDS = 10.0
 
 
 def register(sub: Any) -> tuple[str, Callable[[argparse.Namespace], int]]:
@@ -84,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         slot_info,
     )
     from pgcdc.replication.database import connect_sql, server_name
+    from pgcdc.replication.slot import ACTIVE_WAIT_SECONDS, wait_for_release
 
     console = Console(stderr=True)
     try:
@@ -159,13 +156,8 @@ def run(args: argparse.Namespace) -> int:
             _say(console, "and keep:")
             for line in keep:
                 _say(console, f"  {line}")
-            deadline = time.monotonic() + ACTIVE_WAIT_SECONDS
-            while info is not None and info.active and not args.force:
-                # a pgcdc run that just stopped: its walsender may take a moment to exit
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.2)
-                info = slot_info(conn, slot)
+            if not args.force:
+                info = wait_for_release(conn, slot, ACTIVE_WAIT_SECONDS, info)
             if info is not None and info.active and not args.force:
                 _say(
                     console,

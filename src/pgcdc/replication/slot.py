@@ -147,6 +147,20 @@ def list_slots(target: Connectable, *, database: str | None = None) -> list[Slot
 ACTIVE_WAIT_SECONDS = 10.0
 
 
+def wait_for_release(
+    target: Connectable, name: str, seconds: float, info: SlotInfo | None = None
+) -> SlotInfo | None:
+    """The slot's state once no walsender holds it, or after ``seconds`` (a consumer that just
+    stopped leaves its walsender exiting for a moment); ``info``: the state already read."""
+    if info is None:
+        info = slot_info(target, name)
+    deadline = time.monotonic() + seconds
+    while info is not None and info.active and not info.lost and time.monotonic() < deadline:
+        time.sleep(0.2)
+        info = slot_info(target, name)
+    return info
+
+
 def require_usable_slot(
     conn: psycopg.Connection[Any],
     name: str,
@@ -156,17 +170,7 @@ def require_usable_slot(
 ) -> SlotInfo:
     """The slot, checked to be a logical pgoutput slot of this database that can stream
     (waiting up to ``active_wait`` seconds for it to be released if it is in use)."""
-    info = slot_info(conn, name)
-    deadline = time.monotonic() + active_wait
-    while (
-        info is not None
-        and info.active
-        and not allow_active
-        and not info.lost
-        and time.monotonic() < deadline
-    ):
-        time.sleep(0.2)
-        info = slot_info(conn, name)
+    info = slot_info(conn, name) if allow_active else wait_for_release(conn, name, active_wait)
     server = server_name(conn)
     if info is None:
         raise SlotNotFoundError(
