@@ -152,6 +152,9 @@ class LakeBatchWriter:
             chunk_count(info.image_bytes, self.bytes_per_commit),
         )
 
+    def _stage_dir(self) -> Path:
+        return LakeLayout(Path(self.lake)).stage_dir / self.app_id
+
     def _targets(self, table: LakeTable) -> dict[TableKind, DeltaTarget]:
         layout = LakeLayout(Path(self.lake))
         return {kind: DeltaTarget(table.path(layout, kind)) for kind in table.kinds()}
@@ -233,9 +236,8 @@ class LakeBatchWriter:
         finally:
             df.unpersist()
             # batches apply one at a time: what is staged for this app id is this batch's
-            stage = LakeLayout(Path(self.lake)).stage_dir / self.app_id
-            if stage.exists():
-                shutil.rmtree(stage, ignore_errors=True)
+            if self._stage_dir().exists():
+                shutil.rmtree(self._stage_dir(), ignore_errors=True)
         result.seconds = time.monotonic() - started
         result.finished_at = time.time()
         log.info(
@@ -428,8 +430,9 @@ class LakeBatchWriter:
             present = all(r in frame.columns for r in roots)
             by = hash_chunks(table.keys, chunks, roots=roots if present else ())
         digest = hashlib.sha256(table.table_id.encode()).hexdigest()[:16]
-        folder = LakeLayout(Path(self.lake)).stage_dir / self.app_id / str(batch_id)
-        staged = stage_rows(frame, folder / f"{digest}.{kind}", chunks, by)
+        staged = stage_rows(
+            frame, self._stage_dir() / str(batch_id) / f"{digest}.{kind}", chunks, by
+        )
         log.info(
             "batch %s %s %s: staged in %s chunks (%.2f s)",
             batch_id,

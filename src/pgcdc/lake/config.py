@@ -26,7 +26,7 @@ Reference (defaults in brackets):
     Spark machine); ``history`` [false] and ``changelog`` [false]: defaults for every table;
     ``rows_per_commit`` [250000] and ``bytes_per_commit`` ["128MB"]: a table's changes in one
     micro-batch above either are staged by the executors and committed in chunks of about that
-    size (``pgcdc.lake.stage``), so memory stays flat whatever a transaction's size.
+    size (``pgcdc.lake.stage``), so the driver holds one chunk's rows at a time.
 ``[spark]``
     ``master`` ["local[*]"]: ``local[N]``, ``spark://host:port``, ``yarn``, ``k8s://...``, or a
     Spark Connect URL ``sc://host:port``; ``app_name`` ["pgcdc"]; ``driver_host``: the address
@@ -82,6 +82,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -141,6 +142,13 @@ def parse_size(text: str) -> int:
         )
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
+
+def _size(value: object) -> object:
+    return parse_size(value) if isinstance(value, str) else value
+
+
+#: bytes, or a size such as "512MB" in pipeline.toml
+Size = Annotated[int, BeforeValidator(_size)]
 
 _LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9][0-9]*)(,\s*[1-9][0-9]*)?\])?")
 
@@ -232,7 +240,7 @@ class SourceSettings(_Model):
     heartbeat_table: str = Field(
         default="public.pgcdc_heartbeat", description="schema.table of heartbeat = 'table'"
     )
-    retained_wal_warning: int = Field(
+    retained_wal_warning: Size = Field(
         default=DEFAULT_RETAINED_WAL_WARNING,
         gt=0,
         description="bytes of WAL the slot may retain before a warning (or '5GB')",
@@ -247,13 +255,6 @@ class SourceSettings(_Model):
         split_table_name(value)  # raises ValueError with the reason
         if any(ch in value for ch in "*?["):
             raise ValueError(f"{value!r}: name one table, without wildcards")
-        return value
-
-    @field_validator("retained_wal_warning", mode="before")
-    @classmethod
-    def _retained_wal_warning(cls, value: object) -> object:
-        if isinstance(value, str):
-            return parse_size(value)
         return value
 
     @property
@@ -315,10 +316,10 @@ class LakeSettings(_Model):
         ge=100,
         description=(
             "a table's changes in one micro-batch above this are staged by the executors and "
-            "committed in chunks of about this many (memory stays flat for any transaction)"
+            "committed in chunks of about this many (the driver holds one chunk's rows at a time)"
         ),
     )
-    bytes_per_commit: int = Field(
+    bytes_per_commit: Size = Field(
         default=DEFAULT_BYTES_PER_COMMIT,
         ge=1 << 20,
         description=(
@@ -326,13 +327,6 @@ class LakeSettings(_Model):
             "gives more chunks"
         ),
     )
-
-    @field_validator("bytes_per_commit", mode="before")
-    @classmethod
-    def _bytes_per_commit(cls, value: object) -> object:
-        if isinstance(value, str):
-            return parse_size(value)
-        return value
 
     @field_validator("path", mode="before")
     @classmethod

@@ -1,7 +1,8 @@
 """Staging of a large micro-batch's rows, so that no Delta commit needs them all in memory.
 
-A table whose changes in one micro-batch exceed ``[lake] rows_per_commit`` is not collected to
-the driver in one piece (a transaction of millions of rows would exhaust the driver's heap).
+A table whose changes in one micro-batch exceed ``[lake] rows_per_commit`` (or whose values
+exceed ``bytes_per_commit``) is not collected to the driver in one piece (a transaction of
+millions of rows would exhaust the driver's heap).
 Its rows for one Delta table (mirror, history or changelog) are split into ``n`` chunks by a
 hash, and executors write them through the Python data source ``pgcdc_lake_stage`` (a
 ``DataSourceArrowWriter``) as Arrow files, one folder per chunk, under the lake's
@@ -9,7 +10,7 @@ hash, and executors write them through the Python data source ``pgcdc_lake_stage
 
 The split is deterministic: the same batch gives the same chunks on a replay (``n`` follows from
 the batch's change count, the hash from the rows), so the chunks a failed run committed already
-are recognised by their application transaction (``writer.chunk_transaction``) and skipped.
+are recognised by their application transaction (``writer.commit_properties``) and skipped.
 The mirror and the history are split by the key a row's values come from (its root key when a
 key-changing update left unchanged TOAST values to fill from the stored row), so one chunk holds
 everything that fills or closes a stored row; the changelog by commit LSN and position.
@@ -27,6 +28,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from pgcdc.lake.changes import quote_column
+
 __all__ = ["CHUNK", "FORMAT", "StagedRows", "chunk_count", "hash_chunks", "stage_rows"]
 
 FORMAT = "pgcdc_lake_stage"
@@ -41,22 +44,18 @@ def chunk_count(changes: int, rows_per_commit: int) -> int:
     return -(-changes // rows_per_commit)
 
 
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 def hash_chunks(columns: Sequence[str], n: int, *, roots: Sequence[str] = ()) -> Any:
     """The chunk number (0 to ``n`` - 1) of a row: a hash of ``columns``, or of ``roots`` where
     any of them is set (a Spark column expression)."""
     from pyspark.sql import functions as F
 
-    by_columns = F.xxhash64(*[F.col(_quoted(c)) for c in columns])
+    by_columns = F.xxhash64(*[F.col(quote_column(c)) for c in columns])
     value = by_columns
     if roots:
         has_root = F.lit(False)
         for r in roots:
-            has_root = has_root | F.col(_quoted(r)).isNotNull()
-        value = F.when(has_root, F.xxhash64(*[F.col(_quoted(r)) for r in roots])).otherwise(
+            has_root = has_root | F.col(quote_column(r)).isNotNull()
+        value = F.when(has_root, F.xxhash64(*[F.col(quote_column(r)) for r in roots])).otherwise(
             by_columns
         )
     return F.pmod(value, F.lit(n))
