@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pgcdc.decoding import Assembler, DecodingError, OutputPlugin
+from pgcdc.decoding import DEFAULT_MEMORY_LIMIT, Assembler, DecodingError, OutputPlugin
 from pgcdc.lsn import Lsn
 from pgcdc.protocol import (
     Begin,
@@ -84,8 +84,8 @@ def columnar(data: bytes) -> None:
         ColumnarDecoder(proto).decode(messages)
 
 
-def framer(data: bytes) -> None:
-    proto, messages = split(data)
+def feed_framer(proto: int, messages: Sequence[bytes]) -> None:
+    """The Spark source's ``Framer`` over ``messages``; only its own errors pass."""
     feed = Framer(TransactionIndex(), proto).feed
     offset = 0
     try:
@@ -96,7 +96,9 @@ def framer(data: bytes) -> None:
         pass
 
 
-class _Sink(OutputPlugin):
+class NullPlugin(OutputPlugin):
+    """An output plugin that keeps nothing."""
+
     def begin(self, ctx: Any, txn: Any) -> None:
         pass
 
@@ -107,13 +109,14 @@ class _Sink(OutputPlugin):
         pass
 
 
-_SPILL = tempfile.mkdtemp(prefix="pgcdc-fuzz-")
-
-
-def assembler(data: bytes) -> None:
-    proto, messages = split(data)
-    # a tiny memory limit: larger transactions go through the spill files too
-    target = Assembler(_Sink(), proto_version=proto, spill_dir=_SPILL, memory_limit=256)
+def feed_assembler(
+    proto: int, messages: Sequence[bytes], spill_dir: str, memory_limit: int = DEFAULT_MEMORY_LIMIT
+) -> None:
+    """The decoding ``Assembler`` (into a ``NullPlugin``) over ``messages``; only its own
+    errors pass."""
+    target = Assembler(
+        NullPlugin(), proto_version=proto, spill_dir=spill_dir, memory_limit=memory_limit
+    )
     try:
         for i, raw in enumerate(messages):
             target.feed_message(raw, Lsn(0x1000 + i))
@@ -121,6 +124,19 @@ def assembler(data: bytes) -> None:
         pass
     finally:
         target.close()
+
+
+def framer(data: bytes) -> None:
+    feed_framer(*split(data))
+
+
+_SPILL = tempfile.mkdtemp(prefix="pgcdc-fuzz-")
+
+
+def assembler(data: bytes) -> None:
+    proto, messages = split(data)
+    # a tiny memory limit: larger transactions go through the spill files too
+    feed_assembler(proto, messages, _SPILL, memory_limit=256)
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import tempfile
 from datetime import UTC, datetime
-from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tools.fuzz_targets import feed_assembler, feed_framer
 
-from pgcdc.decoding import Assembler, DecodingError, OutputPlugin
 from pgcdc.lsn import Lsn
 from pgcdc.protocol import (
     Begin,
@@ -33,9 +32,6 @@ from pgcdc.protocol import (
     StreamStart,
     StreamStop,
 )
-from pgcdc.spark.errors import SparkSourceError
-from pgcdc.spark.framer import Framer
-from pgcdc.spark.index import TransactionIndex
 from tests.protocol.strategies import data_messages, xids
 
 PROTOS = st.integers(1, 4)
@@ -113,26 +109,7 @@ def test_decoder_in_and_out_of_streams(data: st.DataObject) -> None:
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_framer_raises_only_its_own_errors(data: st.DataObject) -> None:
-    proto, raws = encoded_with_one_mutation(data)
-    framer = Framer(TransactionIndex(), proto)
-    offset = 0
-    try:
-        for raw in raws:
-            framer.feed(raw, offset)
-            offset += 8 + len(raw)
-    except (ProtocolError, SparkSourceError):
-        pass
-
-
-class _Sink(OutputPlugin):
-    def begin(self, ctx: Any, txn: Any) -> None:
-        pass
-
-    def change(self, ctx: Any, txn: Any, relation: Any, change: Any) -> None:
-        pass
-
-    def commit(self, ctx: Any, txn: Any, commit_lsn: Lsn) -> None:
-        pass
+    feed_framer(*encoded_with_one_mutation(data))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -140,11 +117,4 @@ class _Sink(OutputPlugin):
 def test_assembler_raises_only_its_own_errors(data: st.DataObject) -> None:
     proto, raws = encoded_with_one_mutation(data)
     with tempfile.TemporaryDirectory() as spill:
-        assembler = Assembler(_Sink(), proto_version=proto, spill_dir=spill)
-        try:
-            for i, raw in enumerate(raws):
-                assembler.feed_message(raw, Lsn(0x1000 + i))
-        except (ProtocolError, DecodingError):
-            pass
-        finally:
-            assembler.close()
+        feed_assembler(proto, raws, spill)
