@@ -55,7 +55,14 @@ from pgcdc.lake.tables import (
     LakeTable,
 )
 from pgcdc.lake.toast import KEEP_PREFIX, ROOT_PREFIX, fill_from_stored, keep_flag, root_column
-from pgcdc.lake.writer import Chunk, DeltaTarget, cast_to, commit_properties, execute_merge
+from pgcdc.lake.writer import (
+    MERGE_OPTIONS,
+    Chunk,
+    DeltaTarget,
+    cast_to,
+    commit_properties,
+    execute_merge,
+)
 
 __all__ = ["ACTION", "history_rows", "history_schema", "merge_history"]
 
@@ -256,6 +263,7 @@ def merge_history(
             source_alias=SRC,
             target_alias=TGT,
             commit_properties=props,
+            **MERGE_OPTIONS,
         )
         .when_matched_update(updates=closing)
         .when_not_matched_insert(updates=inserts, predicate=f"{SRC}.{ACTION} = 'insert'")

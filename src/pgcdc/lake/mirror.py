@@ -39,7 +39,14 @@ from pgcdc.lake.changes import (
 from pgcdc.lake.schema_evolution import Defaults, evolve
 from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME, LakeTable
 from pgcdc.lake.toast import KEEP_PREFIX, ROOT_PREFIX, fill_from_stored, keep_flag, root_column
-from pgcdc.lake.writer import Chunk, DeltaTarget, cast_to, commit_properties, execute_merge
+from pgcdc.lake.writer import (
+    MERGE_OPTIONS,
+    Chunk,
+    DeltaTarget,
+    cast_to,
+    commit_properties,
+    execute_merge,
+)
 
 __all__ = ["OP_COLUMN", "SRC", "TGT", "merge_mirror", "mirror_rows", "sql_name"]
 
@@ -171,6 +178,7 @@ def merge_mirror(
             source_alias=SRC,
             target_alias=TGT,
             commit_properties=props,
+            **MERGE_OPTIONS,
         )
         .when_matched_delete(predicate=f"{SRC}.{OP_COLUMN} = 'D'")
         .when_matched_update(updates=updates, predicate=f"{SRC}.{OP_COLUMN} <> 'D'")

@@ -2,8 +2,10 @@
 
 The slot is created with an exported snapshot; the Spark source's batch reader
 (``spark.read.format("pgcdc")`` with the ``snapshot`` option) copies each table in ctid ranges
-on the executors, all in that snapshot, with the publication's row filters. The copy is kept on
-the executors' disks (``DISK_ONLY``) while the tables are written, so PostgreSQL is read once.
+on the executors, all in that snapshot, with the publication's row filters. When several Delta
+tables are written (more than one table, or history and changelog tables), the copy is kept on
+the executors' disks (``DISK_ONLY``) while they are written, so PostgreSQL is read once; a
+single mirror is written straight from the source.
 
 Executors write the Parquet files straight into each Delta table's folder, and each table's
 files are added in one commit tagged ``Transaction(snapshot app id, generation)``
@@ -140,12 +142,16 @@ def write_snapshot(
     result = SnapshotResult()
     started = time.monotonic()
     _activate(snapshot_df.sparkSession)
-    df = snapshot_df.persist(StorageLevel.DISK_ONLY)
+    # several Delta tables are written from one read of the source: keep it on the executors'
+    # disks. One (a single table's mirror) is written straight from the source, read once.
+    single = sum(len(table.kinds()) for table in tables) == 1
+    df = snapshot_df if single else snapshot_df.persist(StorageLevel.DISK_ONLY)
     try:
-        total = df.count()
-        log.info("snapshot at %s: %s rows read from the source", consistent_point, total)
-        if on_progress is not None:
-            on_progress(None, int(total))
+        if not single:
+            total = df.count()
+            log.info("snapshot at %s: %s rows read from the source", consistent_point, total)
+            if on_progress is not None:
+                on_progress(None, int(total))
         for table in tables:
             column = table_columns[table.table_id]
             if column not in df.columns:
@@ -176,9 +182,16 @@ def write_snapshot(
                 if kind == "mirror":
                     result.rows[table.table_id] = count
                 log.info("snapshot of %s %s: %s rows", table.table_id, kind, count)
+                if single:
+                    log.info(
+                        "snapshot at %s: %s rows read from the source", consistent_point, count
+                    )
+                    if on_progress is not None:
+                        on_progress(None, count)
             if on_progress is not None:
                 on_progress(table.table_id, result.rows.get(table.table_id, 0))
     finally:
-        df.unpersist()
+        if not single:
+            df.unpersist()
     result.seconds = time.monotonic() - started
     return result

@@ -26,6 +26,7 @@ from deltalake.exceptions import TableNotFoundError
 
 __all__ = [
     "CHUNK_BASE",
+    "MERGE_OPTIONS",
     "Chunk",
     "DeltaTarget",
     "chunk_app_id",
@@ -39,6 +40,16 @@ log = logging.getLogger("pgcdc.lake")
 
 #: a chunk's version in its ``chunk_app_id`` transaction: batch version * CHUNK_BASE + chunk
 CHUNK_BASE = 1 << 20
+
+#: Keyword arguments of every ``DeltaTable.merge``. The source is an Arrow table in memory
+#: already, so it is not streamed (delta-rs's default): delta-rs then reads the source keys'
+#: range and skips the target's files outside it. A MERGE reads (and rewrites) every file that
+#: may hold a source key, and its memory grows with what it reads; with the pruning, a batch of
+#: new keys above the stored ones (a bulk load) reads none of the table, and a large
+#: transaction's memory stays that of its micro-batch instead of growing with the mirror
+#: (a delta-rs memory limit, ``max_spill_size``, does not help: the hash join cannot spill and
+#: fails with "Resources exhausted" instead).
+MERGE_OPTIONS: dict[str, Any] = {"streamed_exec": False}
 
 #: one chunk of a batch committed in several (``lake.stage``): (chunk number, chunk count)
 Chunk = tuple[int, int]
