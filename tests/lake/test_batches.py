@@ -299,3 +299,60 @@ def test_chunks_follow_the_rows_or_their_weight(spark: Any) -> None:
     assert replace(plain, rows_per_commit=2)._chunks(info) == 2
     assert replace(plain, bytes_per_commit=20)._chunks(info) == 2
     assert replace(plain, rows_per_commit=1, bytes_per_commit=20)._chunks(info) == 3
+
+
+def _chunk_commits(target: DeltaTarget, batch_id: int) -> list[dict[str, Any]]:
+    """The MERGE commits of ``batch_id``'s chunks, in chunk order."""
+    commits = [
+        c
+        for c in target.table().history()  # type: ignore[union-attr]
+        if c.get("operation") == "MERGE" and c.get("pgcdc", {}).get("batch") == batch_id
+    ]
+    return sorted(commits, key=lambda c: c["pgcdc"]["chunk"])
+
+
+def test_range_chunks_read_only_their_own_keys(spark: Any, tmp_path: Path) -> None:
+    """A large batch of new keys is split into runs of keys in order: each chunk's MERGE is
+    limited to its own key range (delta-rs skips the files of the other chunks), and every
+    key lands once."""
+    import re
+
+    lake = tmp_path / "lake"
+    keys = list(range(1, 41))
+    rows = [ch("I", 100 + k, 0, (k, f"v{k}", None)) for k in reversed(keys)]
+    writer(lake, rows_per_commit=10)(spark.createDataFrame(rows, schema()), 0)
+    assert mirror(lake) == {k: (f"v{k}", None) for k in keys}
+    commits = _chunk_commits(targets(lake)["mirror"], 0)
+    assert [c["pgcdc"]["chunk"] for c in commits] == [0, 1, 2, 3]
+    assert {c["pgcdc"]["split"] for c in commits} == {"range"}
+    ranges = []
+    for c in commits:
+        found = re.fullmatch(r"id >= (\d+) AND id <= (\d+)", c["operationParameters"]["predicate"])
+        assert found, c["operationParameters"]
+        ranges.append((int(found[1]), int(found[2])))
+    assert ranges == [(1, 10), (11, 20), (21, 30), (31, 40)]
+
+
+def test_a_replay_splits_the_batch_as_the_interrupted_attempt_did(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An attempt that split its mirror by hash (a key Spark cannot sort, or a pgcdc before
+    range splits) and failed after its first chunk: the replay, where the key can be sorted,
+    still splits by hash, so no row falls between the chunks of the two attempts."""
+    import pgcdc.lake.batch as batch_module
+
+    lake = tmp_path / "lake"
+    keys = list(range(1, 41))
+    frame = spark.createDataFrame([ch("I", 100 + k, 0, (k, f"v{k}", None)) for k in keys], schema())
+    with monkeypatch.context() as patched:
+        patched.setattr(batch_module, "orderable", lambda df, columns: False)
+        with pytest.raises(RuntimeError, match="injected failure"):
+            writer(lake, fail_after=1, rows_per_commit=10)(frame, 0)
+    mirror_target = targets(lake)["mirror"]
+    assert mirror_target.partial_chunks("test-app", 0) == (4, "hash")
+    writer(lake, rows_per_commit=10)(frame, 0)
+    commits = _chunk_commits(mirror_target, 0)
+    assert [c["pgcdc"]["chunk"] for c in commits] == [0, 1, 2, 3]
+    assert {c["pgcdc"]["split"] for c in commits} == {"hash"}
+    assert mirror(lake) == {k: (f"v{k}", None) for k in keys}
+    assert mirror_target.applied("test-app", 0)

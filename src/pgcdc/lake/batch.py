@@ -41,7 +41,14 @@ from pgcdc.lake.changes import (
 )
 from pgcdc.lake.history import history_rows, merge_history
 from pgcdc.lake.mirror import merge_mirror, mirror_rows
-from pgcdc.lake.stage import chunk_count, hash_chunks, stage_rows
+from pgcdc.lake.stage import (
+    CHUNK,
+    chunk_count,
+    hash_chunks,
+    orderable,
+    range_chunks,
+    stage_rows,
+)
 from pgcdc.lake.tables import CL_COMMIT_LSN, COMMIT_TIME, POSITION, LakeLayout, LakeTable, TableKind
 from pgcdc.lake.toast import root_column
 from pgcdc.lake.writer import Chunk, DeltaTarget
@@ -310,7 +317,7 @@ class LakeBatchWriter:
                         table,
                         names,
                         # the first chunk empties the table; the later ones only add to it
-                        truncated=bool(info.truncates) and (chunk is None or chunk[0] == 0),
+                        truncated=bool(info.truncates) and (chunk is None or chunk.number == 0),
                         app_id=self.app_id,
                         version=batch_id,
                         metadata=metadata,
@@ -395,15 +402,19 @@ class LakeBatchWriter:
         Logs the time each side took and counts the commits (``fail_after`` injects a failure
         after that many commits, for tests)."""
         previous = target.partial_chunks(self.app_id, batch_id)
-        if previous is not None and previous != chunks:
-            log.info(
-                "batch %s %s %s: continuing in %s chunks, as the interrupted attempt split it",
-                batch_id,
-                table.table_id,
-                kind,
-                previous,
-            )
-            chunks = previous
+        split: str | None = None
+        if previous is not None:
+            if previous[0] != chunks:
+                log.info(
+                    "batch %s %s %s: continuing in %s chunks (split by %s), as the "
+                    "interrupted attempt split it",
+                    batch_id,
+                    table.table_id,
+                    kind,
+                    previous[0],
+                    previous[1],
+                )
+            chunks, split = previous
         if chunks == 1:
             clock = time.monotonic()
             rows = build().toArrow()
@@ -421,18 +432,25 @@ class LakeBatchWriter:
             return self._counted(commits)
         clock = time.monotonic()
         frame = build()
-        if kind == "changelog":
-            by = hash_chunks([CL_COMMIT_LSN, POSITION], chunks)
-        elif kind == "history":  # a key's close and versions together
-            by = hash_chunks(table.keys, chunks)
-        else:  # a row together with the stored row its unchanged values come from
-            roots = [root_column(j) for j in range(len(table.keys))]
-            present = all(r in frame.columns for r in roots)
-            by = hash_chunks(table.keys, chunks, roots=roots if present else ())
+        if kind == "changelog":  # appended, not merged: any even split
+            split = "hash"
+            chunked = frame.withColumn(CHUNK, hash_chunks([CL_COMMIT_LSN, POSITION], chunks))
+        else:
+            keys = list(table.keys)
+            roots: list[str] = []
+            if kind == "mirror":  # a row together with the stored row its unchanged values
+                # come from
+                candidates = [root_column(j) for j in range(len(table.keys))]
+                if all(r in frame.columns for r in candidates):
+                    roots = candidates
+            if split is None:
+                split = "range" if orderable(frame, keys + roots) else "hash"
+            if split == "range":
+                chunked = range_chunks(frame, keys, chunks, roots=roots)
+            else:
+                chunked = frame.withColumn(CHUNK, hash_chunks(keys, chunks, roots=roots))
         digest = hashlib.sha256(table.table_id.encode()).hexdigest()[:16]
-        staged = stage_rows(
-            frame, self._stage_dir() / str(batch_id) / f"{digest}.{kind}", chunks, by
-        )
+        staged = stage_rows(chunked, self._stage_dir() / str(batch_id) / f"{digest}.{kind}", chunks)
         log.info(
             "batch %s %s %s: staged in %s chunks (%.2f s)",
             batch_id,
@@ -455,7 +473,7 @@ class LakeBatchWriter:
                     continue
                 clock = time.monotonic()
                 rows = staged.read(k)
-                apply(rows, (k, chunks))
+                apply(rows, Chunk(k, chunks, split))
                 log.debug(
                     "batch %s %s %s: chunk %s of %s, %s rows, Delta %.2f s",
                     batch_id,

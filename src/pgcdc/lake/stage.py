@@ -3,17 +3,20 @@
 A table whose changes in one micro-batch exceed ``[lake] rows_per_commit`` (or whose values
 exceed ``bytes_per_commit``) is not collected to the driver in one piece (a transaction of
 millions of rows would exhaust the driver's heap).
-Its rows for one Delta table (mirror, history or changelog) are split into ``n`` chunks by a
-hash, and executors write them through the Python data source ``pgcdc_lake_stage`` (a
+Its rows for one Delta table (mirror, history or changelog) are split into ``n`` chunks, and
+executors write them through the Python data source ``pgcdc_lake_stage`` (a
 ``DataSourceArrowWriter``) as Arrow files, one folder per chunk, under the lake's
 ``_pgcdc/stage`` folder. The driver then reads one chunk at a time and commits it to Delta.
 
 The split is deterministic: the same batch gives the same chunks on a replay (``n`` follows from
-the batch's change count, the hash from the rows), so the chunks a failed run committed already
-are recognised by their application transaction (``writer.commit_properties``) and skipped.
-The mirror and the history are split by the key a row's values come from (its root key when a
-key-changing update left unchanged TOAST values to fill from the stored row), so one chunk holds
-everything that fills or closes a stored row; the changelog by commit LSN and position.
+the batch's change count, the chunk of a row from the rows), so the chunks a failed run
+committed already are recognised by their application transaction (``writer.commit_properties``)
+and skipped. The mirror and the history are split by the key a row's values come from (its root
+key when a key-changing update left unchanged TOAST values to fill from the stored row), so one
+chunk holds everything that fills or closes a stored row: into runs of keys in order
+(``range_chunks``), so that each chunk's MERGE reads only the stored files of its key range, or
+by a hash of the key when the key cannot be sorted (or a half-applied batch was split so). The
+changelog (appended, never merged) is split by a hash of commit LSN and position.
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ import pyarrow as pa
 
 from pgcdc.lake.changes import quote_column
 
-__all__ = ["CHUNK", "FORMAT", "StagedRows", "chunk_count", "hash_chunks", "stage_rows"]
+__all__ = [
+    "CHUNK",
+    "FORMAT",
+    "StagedRows",
+    "chunk_count",
+    "hash_chunks",
+    "orderable",
+    "range_chunks",
+    "stage_rows",
+]
 
 FORMAT = "pgcdc_lake_stage"
 #: the chunk number of a staged row (a column of the staged DataFrame, not of the files)
@@ -44,6 +56,15 @@ def chunk_count(changes: int, rows_per_commit: int) -> int:
     return -(-changes // rows_per_commit)
 
 
+def _has_root(roots: Sequence[str]) -> Any:
+    from pyspark.sql import functions as F
+
+    has_root = F.lit(False)
+    for r in roots:
+        has_root = has_root | F.col(quote_column(r)).isNotNull()
+    return has_root
+
+
 def hash_chunks(columns: Sequence[str], n: int, *, roots: Sequence[str] = ()) -> Any:
     """The chunk number (0 to ``n`` - 1) of a row: a hash of ``columns``, or of ``roots`` where
     any of them is set (a Spark column expression)."""
@@ -52,13 +73,61 @@ def hash_chunks(columns: Sequence[str], n: int, *, roots: Sequence[str] = ()) ->
     by_columns = F.xxhash64(*[F.col(quote_column(c)) for c in columns])
     value = by_columns
     if roots:
-        has_root = F.lit(False)
-        for r in roots:
-            has_root = has_root | F.col(quote_column(r)).isNotNull()
-        value = F.when(has_root, F.xxhash64(*[F.col(quote_column(r)) for r in roots])).otherwise(
-            by_columns
-        )
+        value = F.when(
+            _has_root(roots), F.xxhash64(*[F.col(quote_column(r)) for r in roots])
+        ).otherwise(by_columns)
     return F.pmod(value, F.lit(n))
+
+
+def orderable(df: Any, columns: Sequence[str]) -> bool:
+    """Whether Spark can sort ``df`` by ``columns`` (no map or variant inside them)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType, VariantType
+
+    def ok(t: Any) -> bool:
+        if isinstance(t, MapType | VariantType):
+            return False
+        if isinstance(t, ArrayType):
+            return ok(t.elementType)
+        if isinstance(t, StructType):
+            return all(ok(f.dataType) for f in t.fields)
+        return True
+
+    types = {f.name: f.dataType for f in df.schema.fields}
+    return all(ok(types[c]) for c in columns)
+
+
+def range_chunks(df: Any, columns: Sequence[str], n: int, *, roots: Sequence[str] = ()) -> Any:
+    """``df`` with its chunk number (0 to ``n`` - 1) in ``CHUNK``: its chunk keys (``columns``,
+    or ``roots`` where any of them is set) in order, cut into ``n`` runs of as equal a number
+    of keys as can be (``ntile`` over the distinct keys), so that each chunk's keys cover a
+    narrow range: a MERGE of one chunk then skips the files of the others (delta-rs prunes
+    the target by the source keys' range), and memory stays that of one chunk as a large
+    transaction of new keys is applied. Deterministic: the same rows give the same chunks."""
+    from functools import reduce
+
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    names = [f"__pgcdc_chunk_key_{i}" for i in range(len(columns))]
+    keys = [F.col(quote_column(c)) for c in columns]
+    if roots:
+        has_root = _has_root(roots)
+        keys = [
+            F.when(has_root, F.col(quote_column(r))).otherwise(k)
+            for r, k in zip(roots, keys, strict=True)
+        ]
+    keyed = df.select("*", *[k.alias(name) for k, name in zip(keys, names, strict=True)])
+    # the keys alone go through the one-partition window, not the rows
+    order = Window.orderBy(*[F.col(name).asc_nulls_first() for name in names])
+    ranked = keyed.select(*names).distinct().withColumn(CHUNK, F.ntile(n).over(order) - F.lit(1))
+    left, right = keyed.alias("rows"), ranked.alias("ranks")
+    match = reduce(
+        lambda a, b: a & b,
+        [F.col(f"rows.{name}").eqNullSafe(F.col(f"ranks.{name}")) for name in names],
+    )
+    return left.join(right, match).select(
+        *[F.col("rows." + quote_column(c)) for c in df.columns], F.col(f"ranks.{CHUNK}")
+    )
 
 
 def _classes() -> type[Any]:
@@ -155,25 +224,19 @@ class StagedRows:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def stage_rows(df: Any, directory: Path, chunks: int, chunk: Any) -> StagedRows:
-    """Write ``df``'s rows, split into ``chunks`` by the expression ``chunk``, under
-    ``directory`` (replacing what a failed attempt left there)."""
+def stage_rows(df: Any, directory: Path, chunks: int) -> StagedRows:
+    """Write ``df``'s rows, split into ``chunks`` by their ``CHUNK`` column (which the files
+    do not keep), under ``directory`` (replacing what a failed attempt left there)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     schema = to_arrow_schema(
-        df.schema,
+        df.drop(CHUNK).schema,
         error_on_duplicated_field_names_in_struct=True,
         timezone="UTC",
         prefers_large_types=False,
     )
     _register(df.sparkSession)
-    (
-        df.withColumn(CHUNK, chunk)
-        .write.format(FORMAT)
-        .mode("append")
-        .option("path", str(directory))
-        .save()
-    )
+    (df.write.format(FORMAT).mode("append").option("path", str(directory)).save())
     return StagedRows(directory, chunks, schema)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -51,8 +51,15 @@ CHUNK_BASE = 1 << 20
 #: fails with "Resources exhausted" instead).
 MERGE_OPTIONS: dict[str, Any] = {"streamed_exec": False}
 
-#: one chunk of a batch committed in several (``lake.stage``): (chunk number, chunk count)
-Chunk = tuple[int, int]
+
+class Chunk(NamedTuple):
+    """One chunk of a batch committed in several (``lake.stage``)."""
+
+    number: int  # 0 to total - 1
+    total: int
+    #: how the batch's rows were split: "hash" (of the key) or "range" (runs of keys in order);
+    #: recorded so that a replay of a half-applied batch splits it the same way
+    split: str = "hash"
 
 
 def chunk_app_id(app_id: str) -> str:
@@ -73,13 +80,18 @@ def commit_properties(
     * CHUNK_BASE + chunk)`` and only its last chunk with ``(app_id, version)``: the batch counts
     as applied once every chunk is in."""
     transactions = []
-    if chunk is None or chunk[0] == chunk[1] - 1:
+    if chunk is None or chunk.number == chunk.total - 1:
         transactions.append(Transaction(app_id, version))
     if chunk is not None:
-        if not 0 <= chunk[0] < chunk[1] <= CHUNK_BASE:
-            raise ValueError(f"chunk {chunk[0]} of {chunk[1]}: out of range")
-        transactions.append(Transaction(chunk_app_id(app_id), version * CHUNK_BASE + chunk[0]))
-        metadata = {**(metadata or {}), "chunk": chunk[0], "chunks": chunk[1]}
+        if not 0 <= chunk.number < chunk.total <= CHUNK_BASE:
+            raise ValueError(f"chunk {chunk.number} of {chunk.total}: out of range")
+        transactions.append(Transaction(chunk_app_id(app_id), version * CHUNK_BASE + chunk.number))
+        metadata = {
+            **(metadata or {}),
+            "chunk": chunk.number,
+            "chunks": chunk.total,
+            "split": chunk.split,
+        }
     return CommitProperties(
         custom_metadata={"pgcdc": metadata} if metadata else None,
         app_transactions=transactions,
@@ -173,10 +185,11 @@ class DeltaTarget:
         done = table.transaction_version(chunk_app_id(app_id))
         return done is not None and int(done) >= version * CHUNK_BASE + chunk
 
-    def partial_chunks(self, app_id: str, version: int) -> int | None:
-        """The chunk count an interrupted attempt at batch ``version`` committed its first
-        chunks with (None when no chunk of that batch is in the table, or all of them are): a
-        replay must split the batch the same way, whatever the settings say now."""
+    def partial_chunks(self, app_id: str, version: int) -> tuple[int, str] | None:
+        """The chunk count and split an interrupted attempt at batch ``version`` committed its
+        first chunks with (None when no chunk of that batch is in the table, or all of them
+        are): a replay must split the batch the same way, whatever the settings say now.
+        Chunks committed before splits were recorded were split by hash."""
         table = self.table()
         if table is None:
             return None
@@ -190,7 +203,7 @@ class DeltaTarget:
                 and meta.get("batch") == version
                 and isinstance(meta.get("chunks"), int)
             ):
-                return int(meta["chunks"])
+                return int(meta["chunks"]), str(meta.get("split", "hash"))
         raise RuntimeError(
             f"{self.path}: chunks of batch {version} are committed but none of the last 1000 "
             "commits records their count; do not change rows_per_commit / bytes_per_commit "
