@@ -345,7 +345,7 @@ def test_a_replay_splits_the_batch_as_the_interrupted_attempt_did(
     keys = list(range(1, 41))
     frame = spark.createDataFrame([ch("I", 100 + k, 0, (k, f"v{k}", None)) for k in keys], schema())
     with monkeypatch.context() as patched:
-        patched.setattr(batch_module, "orderable", lambda df, columns: False)
+        patched.setattr(batch_module, "range_splittable", lambda df, columns: False)
         with pytest.raises(RuntimeError, match="injected failure"):
             writer(lake, fail_after=1, rows_per_commit=10)(frame, 0)
     mirror_target = targets(lake)["mirror"]

@@ -45,8 +45,8 @@ from pgcdc.lake.stage import (
     CHUNK,
     chunk_count,
     hash_chunks,
-    orderable,
     range_chunks,
+    range_splittable,
     stage_rows,
 )
 from pgcdc.lake.tables import CL_COMMIT_LSN, COMMIT_TIME, POSITION, LakeLayout, LakeTable, TableKind
@@ -444,11 +444,12 @@ class LakeBatchWriter:
                 if all(r in frame.columns for r in candidates):
                     roots = candidates
             if split is None:
-                split = "range" if orderable(frame, keys + roots) else "hash"
+                split = "range" if range_splittable(frame, keys) else "hash"
             if split == "range":
-                chunked = range_chunks(frame, keys, chunks, roots=roots)
+                by = range_chunks(frame, keys[0], chunks, root=roots[0] if roots else None)
             else:
-                chunked = frame.withColumn(CHUNK, hash_chunks(keys, chunks, roots=roots))
+                by = hash_chunks(keys, chunks, roots=roots)
+            chunked = frame.withColumn(CHUNK, by)
         digest = hashlib.sha256(table.table_id.encode()).hexdigest()[:16]
         staged = stage_rows(chunked, self._stage_dir() / str(batch_id) / f"{digest}.{kind}", chunks)
         log.info(

@@ -14,8 +14,9 @@ committed already are recognised by their application transaction (``writer.comm
 and skipped. The mirror and the history are split by the key a row's values come from (its root
 key when a key-changing update left unchanged TOAST values to fill from the stored row), so one
 chunk holds everything that fills or closes a stored row: into runs of keys in order
-(``range_chunks``), so that each chunk's MERGE reads only the stored files of its key range, or
-by a hash of the key when the key cannot be sorted (or a half-applied batch was split so). The
+(``range_chunks``, for a key of one integer, date or string column), so that each chunk's
+MERGE reads only the stored files of its key range, or else by a hash of the key (and as a
+half-applied batch was split, whatever the key). The
 changelog (appended, never merged) is split by a hash of commit LSN and position.
 """
 
@@ -39,8 +40,8 @@ __all__ = [
     "StagedRows",
     "chunk_count",
     "hash_chunks",
-    "orderable",
     "range_chunks",
+    "range_splittable",
     "stage_rows",
 ]
 
@@ -79,55 +80,53 @@ def hash_chunks(columns: Sequence[str], n: int, *, roots: Sequence[str] = ()) ->
     return F.pmod(value, F.lit(n))
 
 
-def orderable(df: Any, columns: Sequence[str]) -> bool:
-    """Whether Spark can sort ``df`` by ``columns`` (no map or variant inside them)."""
-    from pyspark.sql.types import ArrayType, MapType, StructType, VariantType
+def range_splittable(df: Any, columns: Sequence[str]) -> bool:
+    """Whether ``range_chunks`` can split ``df`` by ``columns``: one key column, of an integer,
+    date or string type (compared the same way by Spark's sort and by a literal)."""
+    from pyspark.sql.types import (
+        ByteType,
+        DateType,
+        IntegerType,
+        LongType,
+        ShortType,
+        StringType,
+    )
 
-    def ok(t: Any) -> bool:
-        if isinstance(t, MapType | VariantType):
-            return False
-        if isinstance(t, ArrayType):
-            return ok(t.elementType)
-        if isinstance(t, StructType):
-            return all(ok(f.dataType) for f in t.fields)
-        return True
-
+    if len(columns) != 1:
+        return False
     types = {f.name: f.dataType for f in df.schema.fields}
-    return all(ok(types[c]) for c in columns)
+    return isinstance(
+        types.get(columns[0]), ByteType | ShortType | IntegerType | LongType | DateType | StringType
+    )
 
 
-def range_chunks(df: Any, columns: Sequence[str], n: int, *, roots: Sequence[str] = ()) -> Any:
-    """``df`` with its chunk number (0 to ``n`` - 1) in ``CHUNK``: its chunk keys (``columns``,
-    or ``roots`` where any of them is set) in order, cut into ``n`` runs of as equal a number
-    of keys as can be (``ntile`` over the distinct keys), so that each chunk's keys cover a
-    narrow range: a MERGE of one chunk then skips the files of the others (delta-rs prunes
-    the target by the source keys' range), and memory stays that of one chunk as a large
-    transaction of new keys is applied. Deterministic: the same rows give the same chunks."""
-    from functools import reduce
+def range_chunks(df: Any, column: str, n: int, *, root: str | None = None) -> Any:
+    """The chunk number (0 to ``n`` - 1) of a row of ``df`` (a Spark column expression) by
+    ranges of its chunk key (``column``, or ``root`` where set): the distinct keys in order,
+    cut into ``n`` runs of as equal a number of keys as can be (``ntile``; rows with a NULL key
+    go to chunk 0). Each chunk's keys then cover a narrow range, so a MERGE of one chunk skips
+    the stored files of the others (delta-rs prunes the target by the source keys' range), and
+    memory stays that of one chunk as a large transaction of new keys is applied.
 
+    Runs a Spark job over the keys alone (the rows are not joined or moved) and returns an
+    expression comparing each key with the ``n`` - 1 boundaries found. Deterministic: the same
+    rows give the same chunks."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    names = [f"__pgcdc_chunk_key_{i}" for i in range(len(columns))]
-    keys = [F.col(quote_column(c)) for c in columns]
-    if roots:
-        has_root = _has_root(roots)
-        keys = [
-            F.when(has_root, F.col(quote_column(r))).otherwise(k)
-            for r, k in zip(roots, keys, strict=True)
-        ]
-    keyed = df.select("*", *[k.alias(name) for k, name in zip(keys, names, strict=True)])
-    # the keys alone go through the one-partition window, not the rows
-    order = Window.orderBy(*[F.col(name).asc_nulls_first() for name in names])
-    ranked = keyed.select(*names).distinct().withColumn(CHUNK, F.ntile(n).over(order) - F.lit(1))
-    left, right = keyed.alias("rows"), ranked.alias("ranks")
-    match = reduce(
-        lambda a, b: a & b,
-        [F.col(f"rows.{name}").eqNullSafe(F.col(f"ranks.{name}")) for name in names],
-    )
-    return left.join(right, match).select(
-        *[F.col("rows." + quote_column(c)) for c in df.columns], F.col(f"ranks.{CHUNK}")
-    )
+    key = F.col(quote_column(column))
+    if root is not None:
+        key = F.when(F.col(quote_column(root)).isNotNull(), F.col(quote_column(root))).otherwise(
+            key
+        )
+    keys = df.select(key.alias("k")).where(F.col("k").isNotNull()).distinct()
+    tiles = keys.withColumn("t", F.ntile(n).over(Window.orderBy("k")))
+    # the last key of each run but the last: a key above the i-th boundary is past run i
+    ends = tiles.groupBy("t").agg(F.max("k").alias("k")).orderBy("t").collect()
+    chunk = F.lit(0)
+    for row in ends[:-1]:
+        chunk = chunk + F.when(key > F.lit(row["k"]), 1).otherwise(0)
+    return F.when(key.isNull(), F.lit(0)).otherwise(chunk)
 
 
 def _classes() -> type[Any]:
