@@ -68,3 +68,22 @@ def test_merge_reads_only_the_source_keys_range(tmp_path: Path) -> None:
     assert notes[1999] == "note 1999 at 20"
     assert notes[2500] == "note 2500 at 30"
     assert pc.max(stored[COMMIT_LSN]).as_py() == 30
+
+
+def test_a_truncating_merge_still_reads_the_whole_table(tmp_path: Path) -> None:
+    """A batch that truncated the table deletes every stored row it did not write, also
+    outside its keys' range: delta-rs must not prune there (and does not: no range is
+    recorded)."""
+    target = DeltaTarget(tmp_path / "mirror")
+    _merge(target, _rows(list(range(100)), ["U"] * 100, 10), 1)
+    merge_mirror(
+        target,
+        _rows([500, 501], ["U", "U"], 20),
+        TABLE,
+        ["id", "note"],
+        truncated=True,
+        app_id="test",
+        version=2,
+    )
+    assert _last_merge_range(tmp_path / "mirror") is None
+    assert target.read()["id"].to_pylist() in ([500, 501], [501, 500])

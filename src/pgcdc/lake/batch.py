@@ -453,11 +453,12 @@ class LakeBatchWriter:
         digest = hashlib.sha256(table.table_id.encode()).hexdigest()[:16]
         staged = stage_rows(chunked, self._stage_dir() / str(batch_id) / f"{digest}.{kind}", chunks)
         log.info(
-            "batch %s %s %s: staged in %s chunks (%.2f s)",
+            "batch %s %s %s: staged in %s chunks, split by %s (%.2f s)",
             batch_id,
             table.table_id,
             kind,
             chunks,
+            split,
             time.monotonic() - clock,
         )
         try:
