@@ -243,8 +243,7 @@ class LakeBatchWriter:
         finally:
             df.unpersist()
             # batches apply one at a time: what is staged for this app id is this batch's
-            if self._stage_dir().exists():
-                shutil.rmtree(self._stage_dir(), ignore_errors=True)
+            shutil.rmtree(self._stage_dir(), ignore_errors=True)
         result.seconds = time.monotonic() - started
         result.finished_at = time.time()
         log.info(

@@ -146,12 +146,15 @@ def write_snapshot(
     # disks. One (a single table's mirror) is written straight from the source, read once.
     single = sum(len(table.kinds()) for table in tables) == 1
     df = snapshot_df if single else snapshot_df.persist(StorageLevel.DISK_ONLY)
+
+    def read_done(total: int) -> None:
+        log.info("snapshot at %s: %s rows read from the source", consistent_point, total)
+        if on_progress is not None:
+            on_progress(None, total)
+
     try:
         if not single:
-            total = df.count()
-            log.info("snapshot at %s: %s rows read from the source", consistent_point, total)
-            if on_progress is not None:
-                on_progress(None, int(total))
+            read_done(int(df.count()))
         for table in tables:
             column = table_columns[table.table_id]
             if column not in df.columns:
@@ -182,12 +185,8 @@ def write_snapshot(
                 if kind == "mirror":
                     result.rows[table.table_id] = count
                 log.info("snapshot of %s %s: %s rows", table.table_id, kind, count)
-                if single:
-                    log.info(
-                        "snapshot at %s: %s rows read from the source", consistent_point, count
-                    )
-                    if on_progress is not None:
-                        on_progress(None, count)
+                if single:  # the copy was read as it was written
+                    read_done(count)
             if on_progress is not None:
                 on_progress(table.table_id, result.rows.get(table.table_id, 0))
     finally:

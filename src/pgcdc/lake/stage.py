@@ -116,9 +116,7 @@ def range_chunks(df: Any, column: str, n: int, *, root: str | None = None) -> An
 
     key = F.col(quote_column(column))
     if root is not None:
-        key = F.when(F.col(quote_column(root)).isNotNull(), F.col(quote_column(root))).otherwise(
-            key
-        )
+        key = F.coalesce(F.col(quote_column(root)), key)
     keys = df.select(key.alias("k")).where(F.col("k").isNotNull()).distinct()
     tiles = keys.withColumn("t", F.ntile(n).over(Window.orderBy("k")))
     # the last key of each run but the last: a key above the i-th boundary is past run i
@@ -237,5 +235,5 @@ def stage_rows(df: Any, directory: Path, chunks: int) -> StagedRows:
         prefers_large_types=False,
     )
     _register(df.sparkSession)
-    (df.write.format(FORMAT).mode("append").option("path", str(directory)).save())
+    df.write.format(FORMAT).mode("append").option("path", str(directory)).save()
     return StagedRows(directory, chunks, schema)
