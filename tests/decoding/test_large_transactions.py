@@ -163,7 +163,10 @@ def test_savepoint_rolled_back_in_million_row_streamed_transaction(
     print(f"pg{pg.major} savepoint: {read}")
     # exactly the surviving rows, in order (the counter checks ids 0, 1, 2, ... one by one)
     assert read.commits == [kept, 1]
-    assert read.messages > ROWS  # the rolled-back rows were streamed too
+    # rolled-back rows were streamed too, then thrown away: the server sends a subtransaction's
+    # Stream Abort only when some of its changes were streamed. How many it streams before it
+    # decodes the ROLLBACK TO varies from run to run (822,907 messages of 1,000,000+ once)
+    assert read.messages > kept + 1000
     assert asm.stats.subtransaction_aborts == 1 and asm.stats.changes == kept + 1
     _assert_bounded(asm, read, tmp_path)
 

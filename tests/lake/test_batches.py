@@ -356,3 +356,49 @@ def test_a_replay_splits_the_batch_as_the_interrupted_attempt_did(
     assert {c["pgcdc"]["split"] for c in commits} == {"hash"}
     assert mirror(lake) == {k: (f"v{k}", None) for k in keys}
     assert mirror_target.applied("test-app", 0)
+
+
+def test_the_driver_reduction_gives_the_rows_of_the_spark_reduction(spark: Any) -> None:
+    """A batch committed in one piece is reduced per key on the driver (``last_per_key`` over
+    ``mirror_events``): the same MERGE source as ``mirror_rows``' Spark aggregation, for every
+    batch above and one with NULL keys (equal to each other, as under REPLICA IDENTITY FULL)
+    and a key deleted and inserted again."""
+    from pgcdc.lake.changes import batch_overview, image_columns, resolve_unchanged, table_events
+    from pgcdc.lake.mirror import last_per_key, mirror_events, mirror_rows, reducible_keys
+
+    extra = [
+        ch("I", 600, 0, (None, "n1", "B1")),
+        ch("U", 600, 1, (None, "n2", None), unchanged=("big",)),
+        ch("I", 700, 0, (7, "g", "B7")),
+        ch("D", 700, 1, old_key=7),
+        ch("I", 700, 2, (7, "g2", "B7b")),
+        ch("U", 800, 0, (8, "h", None), old_key=7, unchanged=("big",)),
+    ]
+    reduced = []
+    for rows in [*BATCHES, extra]:
+        df = spark.createDataFrame(rows, schema())
+        info = batch_overview(df, {"public.t": COLUMN}).tables["public.t"]
+        _, names = image_columns(df, COLUMN)
+        resolved = resolve_unchanged(
+            table_events(df, TABLE, COLUMN, names),
+            names,
+            info.unchanged_columns,
+            TABLE.keys,
+            rekeyed=info.old_with_unchanged > 0,
+        )
+        events = mirror_events(resolved, TABLE, names, info)
+        assert reducible_keys(events, TABLE)
+        collected = events.toArrow()
+        on_driver = last_per_key(collected, TABLE.keys)
+        in_spark = mirror_rows(resolved, TABLE, names, info).toArrow()
+        assert on_driver.column_names == in_spark.column_names
+
+        def key(row: dict[str, Any]) -> tuple[bool, int]:
+            return (row["id"] is None, row["id"] or 0)
+
+        assert sorted(on_driver.to_pylist(), key=key) == sorted(in_spark.to_pylist(), key=key)
+        reduced.append((collected.num_rows, on_driver.num_rows))
+    assert reduced[-1] == (7, 3)  # NULL; 7 deleted; 8 (7 re-keyed: a delete and an upsert)
+    assert any(events > rows for events, rows in reduced[:-1])
+    floats = spark.createDataFrame([(1.5,)], "id double")
+    assert not reducible_keys(floats, TABLE)  # Spark's GROUP BY makes NaNs equal: left to it

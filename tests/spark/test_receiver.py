@@ -22,7 +22,7 @@ from pgcdc.lsn import Lsn
 from pgcdc.replication import create_publication, create_slot_with_snapshot, slot_info
 from pgcdc.spark.catalog import load_catalog
 from pgcdc.spark.endpoint import fetch_messages
-from pgcdc.spark.errors import EndpointError
+from pgcdc.spark.errors import EndpointError, SparkSourceError
 from pgcdc.spark.options import stream_settings
 from pgcdc.spark.receiver import Receiver, ReceiverSettings
 from pgcdc.spark.schema import source_schema, table_column
@@ -234,6 +234,34 @@ def test_read_limits_and_endpoint_refusals(pg: PgDatabase):
     batch = _table(_read_all(reader, reader.partitions(last, target)))
     column = batch.column(table_column("public", "t")).combine_chunks()
     assert column.field("new").field("id").to_pylist() == [100]
+    reader.stop()
+
+
+def test_available_now_runs_a_full_batch_before_the_target_is_received(pg: PgDatabase):
+    """Trigger.AvailableNow with a row limit: a batch the limit cut is final, so latestOffset
+    gives it without waiting for the receiver to reach the trigger's target; a batch that could
+    still grow (or ReadAllAvailable) waits for the target."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    reader = _reader(pg, availableNowTimeout="1")
+    start = reader.initialOffset()
+    for k in range(3):
+        pg.execute("INSERT INTO t SELECT g FROM generate_series(%s::int, %s::int) g", (k, k))
+    receiver = reader._rt().receiver
+    _wait_rows(receiver, 3)
+    reader.prepareForTriggerAvailableNow()
+    # a target far ahead: the receiver is still behind it (as while catching up a long backlog)
+    reader._rt().target = int(Lsn.parse("FF/0"))
+    end = reader.latestOffset(start, ReadMaxRows(2))
+    assert end != start
+    rows = sum(b.num_rows for b in _read_all(reader, reader.partitions(start, end)))
+    assert rows == 2
+    # one row left: the batch is not full, so it waits for the target (and gives up here)
+    with pytest.raises(SparkSourceError, match="did not reach FF/0"):
+        reader.latestOffset(end, ReadMaxRows(2))
+    with pytest.raises(SparkSourceError, match="did not reach FF/0"):
+        reader.latestOffset(start, ReadAllAvailable())
     reader.stop()
 
 

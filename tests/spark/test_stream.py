@@ -204,6 +204,30 @@ def test_restart_replays_the_uncommitted_batch_exactly(
     assert info.confirmed_flush_lsn >= max(r["_end_lsn"] for r in second.batches[2])
 
 
+def test_a_batch_is_read_in_parallel_partitions_with_the_same_rows(
+    pg: PgDatabase, spark: SparkSession, checkpoint_dir, tmp_path
+):
+    """A batch of many transactions is split into ``minPartitions`` input partitions (whole
+    transactions each): the rows are exactly those of the same batch read in one partition."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    _slot(pg, "split_slot")
+    _slot(pg, "whole_slot")
+    for k in range(30):  # 30 transactions of about 100 kB of pgoutput each
+        pg.execute(
+            "INSERT INTO t SELECT g, repeat(md5(g::text), 6) "
+            "FROM generate_series(%s::int, %s::int) g",
+            (k * 500, k * 500 + 499),
+        )
+        pg.execute("UPDATE t SET v = 'u' WHERE id = %s", (k * 500,))
+    split = run_stream(spark, pg.dsn(), "split_slot", ["pub"], checkpoint_dir, minPartitions=2)
+    whole = run_stream(spark, pg.dsn(), "whole_slot", ["pub"], tmp_path / "whole", minPartitions=1)
+    assert list(split.partitions.values()) == [2]
+    assert list(whole.partitions.values()) == [1]
+    assert len(split.rows) == 30 * 501
+    assert split.rows == whole.rows  # labels, positions and values alike, in stream order
+
+
 def test_large_streamed_transaction_arrives_whole(
     pg: PgDatabase, spark: SparkSession, checkpoint_dir
 ):

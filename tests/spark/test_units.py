@@ -3,6 +3,7 @@ conformance, COPY-to-pgoutput framing. No server, no Spark."""
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 
@@ -24,7 +25,9 @@ from pgcdc.spark.options import (
     stream_settings,
 )
 from pgcdc.spark.schema import parse_table_column, table_column
+from pgcdc.spark.session import local_cores
 from pgcdc.spark.snapshot import copy_messages
+from pgcdc.spark.stream import MIN_SPLIT_BYTES, partition_target
 
 names = st.text(min_size=1, max_size=12).filter(lambda s: "\x00" not in s)
 
@@ -87,6 +90,34 @@ def test_options_are_checked_with_the_fix():
         }
     )
     assert snap.row_filters == {("public", "t"): ["a > 1"], ("public", "u"): ["b", "c"]}
+
+
+def test_min_partitions_shrinks_the_partition_target_down_to_a_floor():
+    mb = 1 << 20
+    settings = stream_settings({"dsn": "d", "slot": "s", "publications": "p"})
+    assert settings.min_partitions == 1
+    assert (
+        stream_settings(
+            {"dsn": "d", "slot": "s", "publications": "p", "minpartitions": "4"}
+        ).min_partitions
+        == 4
+    )
+    with pytest.raises(OptionError, match="minPartitions='0' is not a positive integer"):
+        stream_settings({"dsn": "d", "slot": "s", "publications": "p", "minPartitions": "0"})
+    assert partition_target(100 * mb, 64 * mb, 1) == 64 * mb
+    assert partition_target(100 * mb, 64 * mb, 2) == 50 * mb
+    assert partition_target(101, 64 * mb, 2) == MIN_SPLIT_BYTES  # small batches stay whole
+    assert partition_target(3 * mb + 1, 64 * mb, 3) == mb + 1  # rounded up: never a 4th
+    assert partition_target(1000 * mb, 64 * mb, 2) == 64 * mb  # partitionBytes still caps
+    assert partition_target(100 * mb, 2048, 2) == 2048  # ... even below the floor
+
+
+def test_local_masters_name_their_cores():
+    assert local_cores("local") == 1
+    assert local_cores("local[3]") == 3
+    assert local_cores("local[2,4]") == 2
+    assert local_cores("local[*]") == (os.cpu_count() or 1)
+    assert local_cores("spark://h:7077") == 1
 
 
 def _entry(commit: int, rows: int, nbytes: int) -> TxnEntry:

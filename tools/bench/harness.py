@@ -11,6 +11,8 @@ runs it, process-tree memory sampling and the JSON result files.
 * ``write_result``: ``bench-results/<name>.json`` with the scale and the machine.
 * ``BENCH_PROFILE=<dir>``: every ``pgcdc run`` is recorded by ``py-spy record --subprocesses``
   (collapsed stacks in ``<dir>``; ``python -m tools.bench.profile <file>`` sums them up).
+* ``BENCH_SPARK_CONF='{"key": "value"}'``: Spark settings added to every ``pgcdc run`` (e.g.
+  ``spark.eventLog.enabled`` and ``spark.eventLog.dir`` for per-stage times).
 
 Benchmarks are not tests: nothing here fails on speed.
 """
@@ -389,8 +391,9 @@ class PgcdcRun:
             stream=stream,
             tables=tables,
         )
-        if self.spark_conf:
-            conf = "\n".join(f'"{k}" = "{v}"' for k, v in self.spark_conf.items())
+        spark_conf = {**self.spark_conf, **json.loads(os.environ.get("BENCH_SPARK_CONF") or "{}")}
+        if spark_conf:
+            conf = "\n".join(f'"{k}" = "{v}"' for k, v in spark_conf.items())
             text += f"\n[spark.conf]\n{conf}\n"
         self.config_path.write_text(text)
         return self.config_path

@@ -40,7 +40,13 @@ from pgcdc.lake.changes import (
     table_events,
 )
 from pgcdc.lake.history import history_rows, merge_history
-from pgcdc.lake.mirror import merge_mirror, mirror_rows
+from pgcdc.lake.mirror import (
+    last_per_key,
+    merge_mirror,
+    mirror_events,
+    mirror_rows,
+    reducible_keys,
+)
 from pgcdc.lake.stage import (
     CHUNK,
     chunk_count,
@@ -324,12 +330,19 @@ class LakeBatchWriter:
                         chunk=chunk,
                     )
 
+                def collect_mirror() -> pa.Table | None:
+                    events = mirror_events(resolved, table, names, info)
+                    if not reducible_keys(events, table):
+                        return None
+                    return last_per_key(events.toArrow(), table.keys)
+
                 commits = self._commit_one(
                     batch_id,
                     table,
                     "mirror",
                     target=targets["mirror"],
                     build=lambda: mirror_rows(resolved, table, names, info),
+                    collect=collect_mirror,
                     apply=apply_mirror,
                     commits=commits,
                     chunks=self._chunks(info),
@@ -394,9 +407,11 @@ class LakeBatchWriter:
         apply: Callable[[pa.Table, Chunk | None], object],
         commits: int,
         chunks: int = 1,
+        collect: Callable[[], pa.Table | None] | None = None,
     ) -> int:
         """Build one Delta table's rows in Spark (``build`` gives the DataFrame) and ``apply``
-        them: collected as Arrow in one Delta commit, or (``chunks`` > 1) staged by the
+        them: collected as Arrow in one Delta commit (by ``collect``, a cheaper way to the
+        same rows, unless it gives None), or (``chunks`` > 1) staged by the
         executors and applied chunk by chunk, skipping the chunks a failed attempt committed.
         Logs the time each side took and counts the commits (``fail_after`` injects a failure
         after that many commits, for tests)."""
@@ -416,7 +431,9 @@ class LakeBatchWriter:
             chunks, split = previous
         if chunks == 1:
             clock = time.monotonic()
-            rows = build().toArrow()
+            rows = None if collect is None else collect()
+            if rows is None:
+                rows = build().toArrow()
             spark_seconds = time.monotonic() - clock
             apply(rows, None)
             log.debug(

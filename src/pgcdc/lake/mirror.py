@@ -19,9 +19,10 @@ others; and, if the batch truncated the table, delete every row no event of the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from pgcdc.lake.changes import (
@@ -31,6 +32,7 @@ from pgcdc.lake.changes import (
     EV_POS,
     EV_ROOT,
     EV_SEQ,
+    EV_SUB,
     EV_TIME,
     TableOverview,
     keep_column,
@@ -48,7 +50,17 @@ from pgcdc.lake.writer import (
     execute_merge,
 )
 
-__all__ = ["OP_COLUMN", "SRC", "TGT", "merge_mirror", "mirror_rows", "sql_name"]
+__all__ = [
+    "OP_COLUMN",
+    "SRC",
+    "TGT",
+    "last_per_key",
+    "merge_mirror",
+    "mirror_events",
+    "mirror_rows",
+    "reducible_keys",
+    "sql_name",
+]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -75,6 +87,35 @@ def after_truncate(overview: TableOverview) -> Any | None:
     )
 
 
+def _mirror_columns(
+    field: Callable[[str], Any], table: LakeTable, columns: Sequence[str], overview: TableOverview
+) -> list[Any]:
+    """The MERGE source's columns, from an event's columns (``field(name)``)."""
+    from pyspark.sql import functions as F
+
+    out = []
+    for i, name in enumerate(columns):
+        if name in table.keys:
+            out.append(F.col(EV_KEY).getField(name).alias(name))
+        else:
+            out.append(field(value_column(i)).alias(name))
+    out.append(field(EV_LSN).alias(COMMIT_LSN))
+    out.append(field(EV_TIME).alias(COMMIT_TIME))
+    out.append(F.when(field(EV_OP) == "D", "D").otherwise("U").alias(OP_COLUMN))
+    if any(name in overview.unchanged_columns for name in columns if name not in table.keys):
+        for i, name in enumerate(columns):
+            if name in overview.unchanged_columns and name not in table.keys:
+                out.append(field(keep_column(i)).alias(keep_flag(i)))
+        for j, key in enumerate(table.keys):
+            out.append(field(EV_ROOT).getField(key).alias(root_column(j)))
+    return out
+
+
+def _events_after_truncate(resolved: Any, overview: TableOverview) -> Any:
+    keep = after_truncate(overview)
+    return resolved if keep is None else resolved.where(keep)
+
+
 def mirror_rows(
     resolved: Any, table: LakeTable, columns: Sequence[str], overview: TableOverview
 ) -> Any:
@@ -85,30 +126,75 @@ def mirror_rows(
     """
     from pyspark.sql import functions as F
 
-    events = resolved
-    keep = after_truncate(overview)
-    if keep is not None:
-        events = events.where(keep)
+    events = _events_after_truncate(resolved, overview)
     last = events.groupBy(EV_KEY).agg(
         F.max_by(F.struct(*[F.col(c) for c in events.columns if c != EV_KEY]), EV_SEQ).alias("r")
     )
     r = F.col("r")
-    out = []
-    for i, name in enumerate(columns):
-        if name in table.keys:
-            out.append(F.col(EV_KEY).getField(name).alias(name))
-        else:
-            out.append(r.getField(value_column(i)).alias(name))
-    out.append(r.getField(EV_LSN).alias(COMMIT_LSN))
-    out.append(r.getField(EV_TIME).alias(COMMIT_TIME))
-    out.append(F.when(r.getField(EV_OP) == "D", "D").otherwise("U").alias(OP_COLUMN))
-    if any(name in overview.unchanged_columns for name in columns if name not in table.keys):
-        for i, name in enumerate(columns):
-            if name in overview.unchanged_columns and name not in table.keys:
-                out.append(r.getField(keep_column(i)).alias(keep_flag(i)))
-        for j, key in enumerate(table.keys):
-            out.append(r.getField(EV_ROOT).getField(key).alias(root_column(j)))
-    return last.select(*out)
+    return last.select(*_mirror_columns(r.getField, table, columns, overview))
+
+
+#: the event order of ``mirror_events`` rows, dropped by ``last_per_key``
+SEQ_POSITION = "__pgcdc_seq_position"
+SEQ_SUB = "__pgcdc_seq_sub"
+
+
+def mirror_events(
+    resolved: Any, table: LakeTable, columns: Sequence[str], overview: TableOverview
+) -> Any:
+    """``mirror_rows`` before its per-key reduction (a Spark DataFrame): a row per event, with
+    ``__pgcdc_seq_position`` and ``__pgcdc_seq_sub`` beside ``__commit_lsn`` for its order.
+    ``last_per_key`` reduces it on the driver, with no shuffle and no sort in Spark; for a
+    batch committed in one piece that is cheaper than ``mirror_rows``' aggregation."""
+    from pyspark.sql import functions as F
+
+    events = _events_after_truncate(resolved, overview)
+    out = _mirror_columns(F.col, table, columns, overview)
+    out.append(F.col(EV_POS).alias(SEQ_POSITION))
+    out.append(F.col(EV_SUB).alias(SEQ_SUB))
+    return events.select(*out)
+
+
+def reducible_keys(events: Any, table: LakeTable) -> bool:
+    """Whether ``last_per_key`` groups ``mirror_events``' keys exactly as Spark's ``GROUP BY``
+    does: only for key types compared by value (text, binary, integers, decimals, booleans,
+    dates, timestamps), not floating point (Spark makes NaNs and -0.0 equal) or nested types."""
+    from pyspark.sql import types as T
+
+    exact = (
+        T.StringType,
+        T.BinaryType,
+        T.BooleanType,
+        T.ByteType,
+        T.ShortType,
+        T.IntegerType,
+        T.LongType,
+        T.DecimalType,
+        T.DateType,
+        T.TimestampType,
+        T.TimestampNTZType,
+    )
+    return all(isinstance(events.schema[k].dataType, exact) for k in table.keys)
+
+
+def last_per_key(events: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``mirror_events`` collected as Arrow, reduced to the MERGE source ``mirror_rows`` gives:
+    per key (NULL equal to NULL, as in ``GROUP BY``), its last event by (commit LSN, position,
+    sub). Rows come in the order of those events."""
+    import pyarrow.compute as pc
+
+    order = pc.sort_indices(
+        events,
+        sort_keys=[(COMMIT_LSN, "ascending"), (SEQ_POSITION, "ascending"), (SEQ_SUB, "ascending")],
+    )
+    ordered = events.take(order)
+    index = "__pgcdc_index"
+    numbered = ordered.select(list(keys)).append_column(
+        index, pa.array(np.arange(ordered.num_rows, dtype=np.int64))
+    )
+    last = numbered.group_by(list(keys), use_threads=False).aggregate([(index, "max")])
+    rows = np.sort(last.column(f"{index}_max").to_numpy())
+    return ordered.take(rows).drop_columns([SEQ_POSITION, SEQ_SUB])
 
 
 def key_match(table: LakeTable) -> str:

@@ -184,6 +184,14 @@ class TransactionIndex:
             stop += 1
         return first, stop, rows, nbytes
 
+    def limited(self, stop: int, end_lsn_limit: int | None = None) -> bool:
+        """Whether a ``select`` that ended at ``stop`` was cut by its row or byte limit: the
+        next transaction is indexed and within ``end_lsn_limit``, so the selection is final
+        (transactions indexed later cannot change it)."""
+        return stop < len(self._commit) and (
+            end_lsn_limit is None or self._end[stop] <= end_lsn_limit
+        )
+
     def available(self, start_lsn: int, end_lsn_limit: int | None = None) -> tuple[int, int]:
         """Rows and transactions available after ``start_lsn``."""
         first = self.after(start_lsn)

@@ -28,6 +28,9 @@ Spark hands options over as a case-insensitive mapping of strings. Stream option
 ``spoolSegmentBytes``    spool segment file size (default 64m)
 ``partitionBytes``       pgoutput bytes per input partition (default 64m; a transaction is never
                          split)
+``minPartitions``        split a micro-batch into at least this many input partitions when its
+                         transactions allow it and each gets at least 1m (default 1;
+                         ``read_stream`` passes the session's default parallelism)
 ``decodeChunkBytes``     bytes an executor decodes at a time (default 16m)
 ``slotBusyTimeout``      seconds to wait for a previous reader to release the slot (default 60)
 ``replayTimeout``        seconds to wait for a planned batch's transactions (default 300)
@@ -259,6 +262,7 @@ class StreamSettings:
     spool_dir: str | None = None
     segment_bytes: int = 64 << 20
     partition_bytes: int = 64 << 20
+    min_partitions: int = 1
     chunk_bytes: int = 16 << 20
     slot_wait: float = 60.0
     replay_timeout: float = 300.0
@@ -276,7 +280,11 @@ def stream_settings(options: Mapping[str, str]) -> StreamSettings:
     text = _get(options, "startLsn")
     if text:
         kwargs["start_lsn"] = _lsn("startLsn", text)
-    for key, attr in (("maxChangesPerTrigger", "max_rows"), ("minChangesPerTrigger", "min_rows")):
+    for key, attr in (
+        ("maxChangesPerTrigger", "max_rows"),
+        ("minChangesPerTrigger", "min_rows"),
+        ("minPartitions", "min_partitions"),
+    ):
         text = _get(options, key)
         if text:
             kwargs[attr] = _int(key, text)

@@ -9,6 +9,7 @@ executors) at ``sys.executable``, so they import the same pgcdc and PyArrow as t
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,16 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(PgcdcDataSource)
 
 
+def local_cores(master: str) -> int:
+    """The cores of a ``local``, ``local[N]``, ``local[*]`` or ``local[N,F]`` master."""
+    match = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master.strip())
+    if match is None or match.group(1) is None:
+        return 1
+    if match.group(1) == "*":
+        return os.cpu_count() or 1
+    return max(int(match.group(1)), 1)
+
+
 def spark_session(
     master: str = "local[2]",
     app_name: str = "pgcdc",
@@ -37,9 +48,10 @@ def spark_session(
 
     ``master``: ``local[N]``, ``spark://host:port`` (standalone) or ``sc://host:port`` (Spark
     Connect; the server's own configuration decides its Python). Python workers use
-    ``sys.executable``; local sessions bind the driver to 127.0.0.1 and use few shuffle
-    partitions; the UI is off, the session time zone is UTC and the driver JVM exits on
-    OutOfMemoryError (``spark.driver.extraJavaOptions``) unless ``conf`` says otherwise.
+    ``sys.executable``; local sessions bind the driver to 127.0.0.1 and use as many shuffle
+    partitions (and default parallelism) as they have cores; the UI is off, the session time
+    zone is UTC and the driver JVM exits on OutOfMemoryError (``spark.driver.extraJavaOptions``)
+    unless ``conf`` says otherwise.
     """
     from pyspark.sql import SparkSession
 
@@ -66,8 +78,9 @@ def spark_session(
     if master.startswith("local"):
         settings["spark.driver.host"] = "127.0.0.1"
         settings["spark.driver.bindAddress"] = "127.0.0.1"
-        settings["spark.sql.shuffle.partitions"] = "2"
-        settings["spark.default.parallelism"] = "2"
+        cores = str(local_cores(master))
+        settings["spark.sql.shuffle.partitions"] = cores
+        settings["spark.default.parallelism"] = cores
     settings.update(conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
@@ -85,6 +98,19 @@ def _driver_host(spark: SparkSession) -> str | None:
     return str(value) if value else None
 
 
+def _parallelism(spark: SparkSession) -> int | None:
+    """The session's default parallelism (cores of a local session), if it says."""
+    try:
+        value = spark.conf.get("spark.default.parallelism", None)
+    except Exception:  # Spark Connect may not expose it
+        return None
+    try:
+        parallelism = int(value) if value else 0
+    except ValueError:
+        return None
+    return parallelism if parallelism > 0 else None
+
+
 def read_stream(
     spark: SparkSession,
     dsn: str,
@@ -95,7 +121,8 @@ def read_stream(
     """``spark.readStream.format("pgcdc")`` with ``driverHost`` from ``spark.driver.host``.
 
     ``options`` are the source's options (see ``pgcdc.spark.options``), e.g.
-    ``maxChangesPerTrigger=10000``.
+    ``maxChangesPerTrigger=10000``. ``minPartitions`` defaults to ``spark.default.parallelism``
+    when the session sets it (local sessions made by ``spark_session`` do: their cores).
     """
     names = [publications] if isinstance(publications, str) else list(publications)
     reader = (
@@ -108,6 +135,10 @@ def read_stream(
         host = _driver_host(spark)
         if host:
             reader = reader.option("driverHost", host)
+    if "minPartitions" not in options:
+        parallelism = _parallelism(spark)
+        if parallelism is not None:
+            reader = reader.option("minPartitions", str(parallelism))
     for key, value in options.items():
         reader = reader.option(key, _option_text(value))
     return reader.load()

@@ -25,8 +25,9 @@ Read limits (Spark 4.2+): ``ReadMaxRows`` (``maxChangesPerTrigger``), ``ReadMaxB
 ``maxTriggerDelay`` late) and ``ReadAllAvailable``; every batch holds at least one whole
 transaction. ``Trigger.AvailableNow``: ``prepareForTriggerAvailableNow`` records the server's
 current WAL flush position; batches then only take transactions whose commit ends before it, and
-``latestOffset`` waits until the receiver has reached it, so the query stops exactly when
-everything committed before the trigger has been processed.
+``latestOffset`` waits until the receiver has reached it (or, with a row or byte limit, until
+the next batch is full: it then runs while the rest is received), so the query stops exactly
+when everything committed before the trigger has been processed.
 
 Executor side (``read``): fetches the partition's ranges from the endpoint and decodes them
 with ``pgcdc.spark.decode``.
@@ -72,9 +73,32 @@ from pgcdc.spark.receiver import Receiver, ReceiverSettings
 from pgcdc.spark.schema import codec_knows, registry_for
 from pgcdc.spark.spool import RECORD_HEADER
 
-__all__ = ["PgcdcStreamReader", "StreamPartition", "make_offset", "parse_offset"]
+__all__ = [
+    "MIN_SPLIT_BYTES",
+    "PgcdcStreamReader",
+    "StreamPartition",
+    "make_offset",
+    "parse_offset",
+    "partition_target",
+]
 
 log = logging.getLogger("pgcdc.spark")
+
+
+#: ``minPartitions`` never makes an input partition smaller than this (bytes of pgoutput)
+MIN_SPLIT_BYTES = 1 << 20
+
+
+def partition_target(total: int, partition_bytes: int, min_partitions: int) -> int:
+    """Bytes of pgoutput per input partition for a batch of ``total`` bytes: at most
+    ``partition_bytes``, and small enough for ``min_partitions`` partitions, but not split
+    below ``MIN_SPLIT_BYTES`` for them (a partition is closed once it reaches the target;
+    transactions are never split, so a batch of one large transaction is still one
+    partition)."""
+    if min_partitions <= 1:
+        return partition_bytes
+    share = -(-total // min_partitions)
+    return min(partition_bytes, max(share, MIN_SPLIT_BYTES))
 
 
 def make_offset(commit_lsn: int, end_lsn: int) -> dict[str, str]:
@@ -257,17 +281,33 @@ class PgcdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             min_rows = limit.min_rows
         return max_rows, max_bytes, min_rows
 
-    def _wait_for_target(self, rt: _Runtime) -> None:
+    def _wait_for_target(
+        self, rt: _Runtime, start_lsn: int, max_rows: int | None, max_bytes: int | None
+    ) -> None:
+        """Wait until the receiver has reached Trigger.AvailableNow's target, or until the
+        batch after ``start_lsn`` is full (cut by ``max_rows`` or ``max_bytes``; such a batch
+        is final, so it can run while the rest is still being received)."""
         receiver = rt.receiver
-        assert rt.target is not None
+        target = rt.target
+        assert target is not None
         deadline = time.monotonic() + self.settings.available_now_timeout
+        limited = max_rows is not None or max_bytes is not None
+        indexed = -1
         with receiver.changed:
-            while receiver.progress < rt.target:
+            while receiver.progress < target:
                 receiver.raise_if_failed()
+                index = receiver.index
+                if limited and len(index) != indexed:  # a transaction was indexed
+                    indexed = len(index)
+                    _, stop, _, _ = index.select(
+                        start_lsn, max_rows=max_rows, max_bytes=max_bytes, end_lsn_limit=target
+                    )
+                    if index.limited(stop, target):
+                        return
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise SparkSourceError(
-                        f"Trigger.AvailableNow: the stream did not reach {Lsn(rt.target)} within "
+                        f"Trigger.AvailableNow: the stream did not reach {Lsn(target)} within "
                         f"{self.settings.available_now_timeout:g}s (at {Lsn(receiver.progress)})",
                         "raise availableNowTimeout, or check the server and the slot",
                     )
@@ -284,7 +324,7 @@ class PgcdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows, max_bytes, min_rows = self._limits(limit)
         target = rt.target
         if target is not None:
-            self._wait_for_target(rt)
+            self._wait_for_target(rt, start_lsn, max_rows, max_bytes)
             min_rows = None
         index = receiver.index
         with receiver.changed:
@@ -394,13 +434,18 @@ class PgcdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             stop = index.find(end_lsn)
             assert stop is not None
             stop += 1
+            target = partition_target(
+                sum(index.entry(i).spool_bytes for i in range(first, stop)),
+                self.settings.partition_bytes,
+                self.settings.min_partitions,
+            )
             groups: list[tuple[list[TxnEntry], Definitions]] = []
             inline: list[bytes] = []
             size = 0
             for i in range(first, stop):
                 entry = index.entry(i)
                 inline.extend(index.inline_relations(i))
-                if not groups or size >= self.settings.partition_bytes:
+                if not groups or size >= target:
                     groups.append(([], index.definitions_before(i)))
                     size = 0
                 groups[-1][0].append(entry)
