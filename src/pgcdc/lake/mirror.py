@@ -187,14 +187,17 @@ def last_per_key(events: pa.Table, keys: Sequence[str]) -> pa.Table:
         events,
         sort_keys=[(COMMIT_LSN, "ascending"), (SEQ_POSITION, "ascending"), (SEQ_SUB, "ascending")],
     )
-    ordered = events.take(order)
+    # the keys alone in event order, numbered: a key's highest number is its last event
     index = "__pgcdc_index"
-    numbered = ordered.select(list(keys)).append_column(
-        index, pa.array(np.arange(ordered.num_rows, dtype=np.int64))
+    numbered = (
+        events.select(list(keys))
+        .take(order)
+        .append_column(index, pa.array(np.arange(events.num_rows, dtype=np.int64)))
     )
     last = numbered.group_by(list(keys), use_threads=False).aggregate([(index, "max")])
-    rows = np.sort(last.column(f"{index}_max").to_numpy())
-    return ordered.take(rows).drop_columns([SEQ_POSITION, SEQ_SUB])
+    positions = np.sort(last.column(f"{index}_max").to_numpy())
+    rows = order.to_numpy()[positions]  # one copy of the kept rows, none of the others
+    return events.take(rows).drop_columns([SEQ_POSITION, SEQ_SUB])
 
 
 def key_match(table: LakeTable) -> str:
