@@ -21,10 +21,11 @@ the LSN range, the truncates and the columns that arrived as unchanged TOAST.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from pgcdc.lake.tables import LakeTable
 
@@ -42,6 +43,7 @@ __all__ = [
     "TableOverview",
     "Truncate",
     "batch_overview",
+    "expressions",
     "image_columns",
     "lake_image",
     "lake_type",
@@ -50,6 +52,8 @@ __all__ = [
     "table_events",
     "value_column",
 ]
+
+_T = TypeVar("_T")
 
 EV_OP = "__ev_op"
 EV_LSN = "__ev_lsn"
@@ -60,6 +64,24 @@ EV_TIME = "__ev_time"
 EV_KEY = "__ev_key"
 EV_NEW = "__ev_new"
 EV_UNCHANGED = "__ev_unchanged"
+
+
+#: Column expressions per Spark session (weakly held) and key; see ``expressions``
+_EXPRESSIONS: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
+
+
+def expressions(df: Any, key: Hashable, build: Callable[[], _T]) -> _T:
+    """``build()``, made once per Spark session and ``key``: the Column expressions of a
+    table's batches depend only on its schema and a few flags, and building them costs a py4j
+    round trip per function call (about as long as the batch's overview job, for a small batch
+    of a ten-column table). ``key`` must hold everything ``build`` depends on."""
+    try:
+        cache = _EXPRESSIONS.setdefault(df.sparkSession, {})
+    except TypeError:  # a session that cannot be weakly referenced: build every time
+        return build()
+    if key not in cache:
+        cache[key] = build()
+    return cast("_T", cache[key])
 
 
 def quote_column(name: str) -> str:
@@ -135,54 +157,11 @@ def batch_overview(df: Any, table_columns: dict[str, str]) -> BatchOverview:
 
     ``table_columns`` maps ``schema.table`` to the name of its struct column.
     """
-    from pyspark.sql import functions as F
-
-    known = [name for name in table_columns.values() if name in df.columns]
-    unchanged = (
-        F.coalesce(*[F.col(quote_column(c)).getField("unchanged") for c in known])
-        if known
-        else F.lit(None).cast("array<string>")
+    known = tuple(name for name in table_columns.values() if name in df.columns)
+    aggregates = expressions(
+        df, ("overview", known, df.schema.json()), lambda: _overview_aggregates(df, known)
     )
-    old_unchanged = (
-        F.coalesce(
-            *[
-                F.when(
-                    F.col(quote_column(c)).getField("old").isNotNull()
-                    & (F.size(F.col(quote_column(c)).getField("unchanged")) > 0),
-                    F.lit(1),
-                )
-                for c in known
-            ]
-        )
-        if known
-        else F.lit(None)
-    )
-    sizes = [
-        F.when(F.col(quote_column(c)).isNotNull(), _image_bytes(df, c))
-        for c in known
-        if _image_bytes(df, c) is not None
-    ]
-    size = F.coalesce(*sizes, F.lit(0)) if sizes else F.lit(0)
-    op = F.col("_op")
-    rows = (
-        df.groupBy("_table_id")
-        .agg(
-            F.sum(F.when(op == "I", 1).otherwise(0)).alias("i"),
-            F.sum(F.when(op == "U", 1).otherwise(0)).alias("u"),
-            F.sum(F.when(op == "D", 1).otherwise(0)).alias("d"),
-            F.sum(F.when((op == "U") & old_unchanged.isNotNull(), 1).otherwise(0)).alias("ou"),
-            F.sum(size.cast("long")).alias("b"),
-            F.min("_commit_lsn").alias("lo"),
-            F.max("_commit_lsn").alias("hi"),
-            F.collect_list(
-                F.when(op == "T", F.struct("_commit_lsn", "_position", "_commit_time"))
-            ).alias("t"),
-            F.array_distinct(F.flatten(F.collect_list(F.coalesce(unchanged, F.array())))).alias(
-                "c"
-            ),
-        )
-        .collect()
-    )
+    rows = df.groupBy("_table_id").agg(*aggregates).collect()
     tables: dict[str, TableOverview] = {}
     for row in rows:
         truncates = sorted(
@@ -202,6 +181,51 @@ def batch_overview(df: Any, table_columns: dict[str, str]) -> BatchOverview:
             image_bytes=int(row["b"] or 0),
         )
     return BatchOverview(tables)
+
+
+def _overview_aggregates(df: Any, known: Sequence[str]) -> list[Any]:
+    """``batch_overview``'s aggregate columns for a source with these table struct columns."""
+    from pyspark.sql import functions as F
+
+    unchanged = (
+        F.coalesce(*[F.col(quote_column(c)).getField("unchanged") for c in known])
+        if known
+        else F.lit(None).cast("array<string>")
+    )
+    old_unchanged = (
+        F.coalesce(
+            *[
+                F.when(
+                    F.col(quote_column(c)).getField("old").isNotNull()
+                    & (F.size(F.col(quote_column(c)).getField("unchanged")) > 0),
+                    F.lit(1),
+                )
+                for c in known
+            ]
+        )
+        if known
+        else F.lit(None)
+    )
+    sizes = []
+    for c in known:
+        image_size = _image_bytes(df, c)
+        if image_size is not None:
+            sizes.append(F.when(F.col(quote_column(c)).isNotNull(), image_size))
+    size = F.coalesce(*sizes, F.lit(0)) if sizes else F.lit(0)
+    op = F.col("_op")
+    return [
+        F.sum(F.when(op == "I", 1).otherwise(0)).alias("i"),
+        F.sum(F.when(op == "U", 1).otherwise(0)).alias("u"),
+        F.sum(F.when(op == "D", 1).otherwise(0)).alias("d"),
+        F.sum(F.when((op == "U") & old_unchanged.isNotNull(), 1).otherwise(0)).alias("ou"),
+        F.sum(size.cast("long")).alias("b"),
+        F.min("_commit_lsn").alias("lo"),
+        F.max("_commit_lsn").alias("hi"),
+        F.collect_list(
+            F.when(op == "T", F.struct("_commit_lsn", "_position", "_commit_time"))
+        ).alias("t"),
+        F.array_distinct(F.flatten(F.collect_list(F.coalesce(unchanged, F.array())))).alias("c"),
+    ]
 
 
 def _image_bytes(df: Any, column: str) -> Any | None:
@@ -270,6 +294,13 @@ def table_events(df: Any, table: LakeTable, column: str, columns: Sequence[str])
     ``column`` is the table's struct column; ``columns`` the table's column names (the fields
     of its ``new`` struct).
     """
+    key = ("events", table.table_id, table.keys, column, df.schema[column].dataType.json())
+    where, exploded, events = expressions(df, key, lambda: _event_expressions(df, table, column))
+    return df.where(where).select(*exploded).select(*events)
+
+
+def _event_expressions(df: Any, table: LakeTable, column: str) -> tuple[Any, list[Any], list[Any]]:
+    """``table_events``' filter and its two projections (rows exploded, then events)."""
     from pyspark.sql import functions as F
 
     s = F.col(quote_column(column))
@@ -314,15 +345,16 @@ def table_events(df: Any, table: LakeTable, column: str, columns: Sequence[str])
             F.when(op != "D", new).alias("new"),
         )
     )
-    rows = df.where((F.col("_table_id") == table.table_id) & (op != "T")).select(
+    where = (F.col("_table_id") == table.table_id) & (op != "T")
+    exploded = [
         F.col("_commit_lsn").alias(EV_LSN),
         F.col("_position").alias(EV_POS),
         F.col("_commit_time").alias(EV_TIME),
         unchanged.alias(EV_UNCHANGED),
         F.explode(F.when(key_changed, split).otherwise(single)).alias("__ev"),
-    )
+    ]
     ev = F.col("__ev")
-    return rows.select(
+    events = [
         ev.getField("op").alias(EV_OP),
         F.col(EV_LSN),
         F.col(EV_POS),
@@ -334,7 +366,8 @@ def table_events(df: Any, table: LakeTable, column: str, columns: Sequence[str])
         F.when(ev.getField("op") == "D", F.array().cast("array<string>"))
         .otherwise(F.col(EV_UNCHANGED))
         .alias(EV_UNCHANGED),
-    )
+    ]
+    return where, exploded, events
 
 
 def carries(name: str) -> Any:
@@ -379,12 +412,17 @@ def resolve_unchanged(
     from pyspark.sql import functions as F
 
     if not unchanged:
-        out = [F.col(c) for c in events.columns]
-        for i, name in enumerate(columns):
-            out.append(F.col(EV_NEW).getField(name).alias(value_column(i)))
-            out.append(F.lit(False).alias(keep_column(i)))
-        out.append(F.col(EV_KEY).alias(EV_ROOT))
-        return events.select(*out)
+
+        def plain() -> list[Any]:
+            out = [F.col(c) for c in events.columns]
+            for i, name in enumerate(columns):
+                out.append(F.col(EV_NEW).getField(name).alias(value_column(i)))
+                out.append(F.lit(False).alias(keep_column(i)))
+            out.append(F.col(EV_KEY).alias(EV_ROOT))
+            return out
+
+        key = ("resolved", tuple(events.columns), tuple(columns))
+        return events.select(*expressions(events, key, plain))
 
     start = (F.col(EV_OP) == "I") | (F.col(EV_SUB) == 1)
     running = Window.partitionBy(EV_KEY).orderBy(EV_SEQ)

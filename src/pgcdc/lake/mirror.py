@@ -35,6 +35,7 @@ from pgcdc.lake.changes import (
     EV_SUB,
     EV_TIME,
     TableOverview,
+    expressions,
     keep_column,
     value_column,
 )
@@ -148,11 +149,15 @@ def mirror_events(
     batch committed in one piece that is cheaper than ``mirror_rows``' aggregation."""
     from pyspark.sql import functions as F
 
+    def build() -> list[Any]:
+        out = _mirror_columns(F.col, table, columns, overview)
+        out.append(F.col(EV_POS).alias(SEQ_POSITION))
+        out.append(F.col(EV_SUB).alias(SEQ_SUB))
+        return out
+
+    key = ("mirror", table.table_id, table.keys, tuple(columns), overview.unchanged_columns)
     events = _events_after_truncate(resolved, overview)
-    out = _mirror_columns(F.col, table, columns, overview)
-    out.append(F.col(EV_POS).alias(SEQ_POSITION))
-    out.append(F.col(EV_SUB).alias(SEQ_SUB))
-    return events.select(*out)
+    return events.select(*expressions(resolved, key, build))
 
 
 def reducible_keys(events: Any, table: LakeTable) -> bool:
