@@ -185,7 +185,8 @@ def reducible_keys(events: Any, table: LakeTable) -> bool:
 def last_per_key(events: pa.Table, keys: Sequence[str]) -> pa.Table:
     """``mirror_events`` collected as Arrow, reduced to the MERGE source ``mirror_rows`` gives:
     per key (NULL equal to NULL, as in ``GROUP BY``), its last event by (commit LSN, position,
-    sub). Rows come in the order of those events."""
+    sub), in no particular order. When every key has a single event (a batch of inserts, say),
+    that is ``events`` itself, without a copy."""
     import pyarrow.compute as pc
 
     order = pc.sort_indices(
@@ -200,6 +201,8 @@ def last_per_key(events: pa.Table, keys: Sequence[str]) -> pa.Table:
         .append_column(index, pa.array(np.arange(events.num_rows, dtype=np.int64)))
     )
     last = numbered.group_by(list(keys), use_threads=False).aggregate([(index, "max")])
+    if last.num_rows == events.num_rows:
+        return events.drop_columns([SEQ_POSITION, SEQ_SUB])
     positions = np.sort(last.column(f"{index}_max").to_numpy())
     rows = order.to_numpy()[positions]  # one copy of the kept rows, none of the others
     return events.take(rows).drop_columns([SEQ_POSITION, SEQ_SUB])
