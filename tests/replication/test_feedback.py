@@ -47,13 +47,16 @@ def test_flush_moves_only_on_confirm(pg: PgDatabase) -> None:
         _idle_ticks(session, 0.6)
         assert slot_row(pg)["confirmed_flush_lsn"] == pinned
         assert pinned < got.commits[0].commit_lsn  # the first transaction would be resent
-        assert session.confirmed_lsn == pinned
+        # the session reported no more than the slot's position at start (PostgreSQL 18 once
+        # showed the slot 72 bytes past it before any confirm: a slot may start ahead of
+        # what pgcdc read before START_REPLICATION, never ahead of the first transaction)
+        assert session.confirmed_lsn <= pinned
         # write = everything received (up to the last commit, or further: a keepalive's WAL
         # end counts too, as the native apply worker reports it), flush = confirmed: the
         # walsender saw both
         written = pg.execute("SELECT write_lsn::text, flush_lsn::text FROM pg_stat_replication")
         assert ends[-1] <= Lsn.parse(written[0][0]) <= current_lsn(pg)
-        assert Lsn.parse(written[0][1]) == pinned
+        assert Lsn.parse(written[0][1]) == session.confirmed_lsn
 
         session.confirm(ends[0])
         session.request_status()
