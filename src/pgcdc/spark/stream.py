@@ -434,16 +434,16 @@ class PgcdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             stop = index.find(end_lsn)
             assert stop is not None
             stop += 1
+            batch = [index.entry(i) for i in range(first, stop)]
             target = partition_target(
-                sum(index.entry(i).spool_bytes for i in range(first, stop)),
+                sum(entry.spool_bytes for entry in batch),
                 self.settings.partition_bytes,
                 self.settings.min_partitions,
             )
             groups: list[tuple[list[TxnEntry], Definitions]] = []
             inline: list[bytes] = []
             size = 0
-            for i in range(first, stop):
-                entry = index.entry(i)
+            for i, entry in enumerate(batch, start=first):
                 inline.extend(index.inline_relations(i))
                 if not groups or size >= target:
                     groups.append(([], index.definitions_before(i)))
