@@ -37,6 +37,7 @@ from pgcdc.protocol import (
     Begin,
     Column,
     Commit,
+    CopyFormatError,
     Decoder,
     Delete,
     Encoder,
@@ -1205,3 +1206,133 @@ def test_binary_value_of_a_type_without_binary_reader_is_refused() -> None:
     text = [data[0], encoder.encode(Insert(xid=None, relation_id=9, new=("1", "abc")))]
     batch = ColumnarDecoder(1).decode(text).changes[0].batch
     assert batch.column("shape").to_pylist() == ["abc"]
+
+
+# -- COPY (FORMAT binary) tuples ------------------------------------------------------------------
+
+_COPY_RELATION = Relation(
+    xid=None,
+    relation_id=16390,
+    namespace="public",
+    name="copied",
+    replica_identity="d",
+    columns=(
+        Column(1, "id", 23, -1),
+        Column(0, "data", 17, -1),
+        Column(0, "label", 25, -1),
+        Column(0, "amount", 1700, -1),
+    ),
+)
+
+
+def _copy_tuple(values: Sequence[bytes | None]) -> bytes:
+    parts = [struct.pack("!h", len(values))]
+    for value in values:
+        parts.append(struct.pack("!i", -1) if value is None else struct.pack("!i", len(value)))
+        parts.append(value or b"")
+    return b"".join(parts)
+
+
+_NUMERIC_42_5 = struct.pack("!hhhhhh", 2, 0, 0, 1, 42, 5000)  # 42.5: digits 42, 5000; dscale 1
+_copy_rows = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1).map(lambda i: struct.pack("!i", i))),
+        st.one_of(st.none(), st.binary(max_size=40)),
+        st.one_of(st.none(), st.text(max_size=12).map(lambda t: t.encode())),
+        st.one_of(st.none(), st.just(_NUMERIC_42_5)),
+    ),
+    max_size=30,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(_copy_rows)
+def test_copy_tuples_decode_like_the_same_inserts(rows: list[tuple[bytes | None, ...]]) -> None:
+    """A COPY tuple is TupleData without kind bytes: the same values as an Insert's (binary
+    values, and text ones for the columns the COPY casts to text)."""
+    encoder = Encoder(1)
+    inserts = [
+        encoder.encode(
+            Insert(None, 16390, (r[0], r[1], None if r[2] is None else r[2].decode(), r[3]))
+        )
+        for r in rows
+    ]
+    decoder = ColumnarDecoder(1)
+    expected = decoder.decode([encoder.encode(_COPY_RELATION), *inserts])
+    part = decoder.decode_copy(16390, [_copy_tuple(r) for r in rows], text_columns={2})
+    assert part.relation == _COPY_RELATION
+    assert part.batch.num_rows == len(rows)
+    assert part.batch.column("_seq").to_pylist() == list(range(len(rows)))
+    if rows:
+        (want,) = expected.changes
+        assert part.batch.schema == want.batch.schema
+        for name in part.batch.schema.names[1:]:
+            assert part.batch.column(name).equals(want.batch.column(name)), name
+
+
+def test_copy_tuples_that_are_not_one_tuple_each_are_refused_with_row_and_offset() -> None:
+    decoder = ColumnarDecoder(1)
+    decoder.decode([Encoder(1).encode(_COPY_RELATION)])
+    good = _copy_tuple([struct.pack("!i", 7), b"x", b"y", None])
+    cases = [
+        ([good, good + good], 1, len(good), "bytes after the last field"),
+        ([good, good[:-5]], 1, len(good) - 5, "inside the value of field 2"),
+        ([good, good[:-1]], 1, len(good) - 4, "before the length of field 3"),
+        ([good[:9]], 0, 9, "inside the value of field 0"),
+        ([b"\x00"], 0, 0, "too short"),
+        ([struct.pack("!h", 3) + good[2:]], 0, 0, "3 fields, but the relation has 4"),
+        ([good, b"\xff\xff"], 1, 0, "the trailer"),
+        ([good[:10] + struct.pack("!i", -2) + good[14:]], 0, 10, "field 1 has length -2"),
+    ]
+    for rows, row, offset, reason in cases:
+        with pytest.raises(CopyFormatError) as caught:
+            decoder.decode_copy(16390, rows, text_columns={2})
+        assert (caught.value.row, caught.value.offset) == (row, offset), rows
+        assert reason in caught.value.reason
+    with pytest.raises(ValueError, match="was not described"):
+        decoder.decode_copy(16391, [good])
+    empty = decoder.decode_copy(16390, [])
+    assert empty.batch.num_rows == 0 and empty.batch.schema == decoder.arrow_schema(_COPY_RELATION)
+
+
+def test_copy_value_errors_name_the_row_and_column_and_never_the_value() -> None:
+    decoder = ColumnarDecoder(1)
+    decoder.decode([Encoder(1).encode(_COPY_RELATION)])
+    good = _copy_tuple([struct.pack("!i", 7), b"x", b"y", None])
+    bad = _copy_tuple([b"secret", b"x", b"y", None])  # an int4 of 6 bytes
+    with pytest.raises(CopyFormatError) as caught:
+        decoder.decode_copy(16390, [good, good, bad])
+    assert (caught.value.row, caught.value.offset) == (2, 6)
+    assert "'id'" in caught.value.reason and "secret" not in str(caught.value)
+
+
+def test_real_server_copy_gives_the_values_of_its_stream(pg: PgDatabase) -> None:
+    names = ", ".join(name for name, *_ in SERVER_COLUMNS)
+    columns = ", ".join(f"{name} {sqltype}" for name, sqltype, _ in SERVER_COLUMNS)
+    pg.execute(f"CREATE TABLE wide (id integer PRIMARY KEY, {columns})")
+    pg.execute("CREATE PUBLICATION pub FOR TABLE wide")
+    pg.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+    for row_id in (1, 2):
+        values = ", ".join(values[row_id - 1] for _, _, values in SERVER_COLUMNS)
+        pg.execute(f"INSERT INTO wide (id, {names}) VALUES ({row_id}, {values})")  # noqa: S608
+    pg.execute("INSERT INTO wide (id) VALUES (3)")
+    with pg.connect() as conn:
+        stream = _slot_messages(conn, "s", binary=True, peek=False)
+        with conn.cursor().copy(
+            f"COPY (SELECT id, {names} FROM wide ORDER BY id) TO STDOUT (FORMAT binary)"  # noqa: S608
+        ) as copy:
+            blocks = [bytes(block) for block in copy]
+    # PostgreSQL sends every tuple in a message of its own: the header comes with the first,
+    # the trailer alone
+    assert len(blocks) == 4 and blocks[0][:11] == b"PGCOPY\n\xff\r\n\x00"
+    assert blocks[-1] == b"\xff\xff"
+    header = 19 + struct.unpack("!i", blocks[0][15:19])[0]
+    tuples = [blocks[0][header:], *blocks[1:-1]]
+    decoder = ColumnarDecoder(1)
+    (want,) = decoder.decode(stream).changes
+    part = decoder.decode_copy(want.relation_id, tuples)
+    assert part.batch.num_rows == 3
+    assert part.batch.schema == want.batch.schema
+    for name in part.batch.schema.names[1:]:
+        got, expected = part.batch.column(name).to_pylist(), want.batch.column(name).to_pylist()
+        assert all(map(_same_value, got, expected)), (name, got, expected)

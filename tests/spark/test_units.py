@@ -1,11 +1,13 @@
 """Pure pieces of pgcdc.spark: column naming, options, the batch selection of the index, Arrow
-conformance, COPY-to-pgoutput framing. No server, no Spark."""
+conformance, the COPY binary stream's framing. No server, no Spark."""
 
 from __future__ import annotations
 
 import os
 import re
 import struct
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -13,9 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pgcdc.protocol.decoder import Decoder
-from pgcdc.protocol.messages import Insert
-from pgcdc.spark import OptionError, SchemaChanged, is_schema_changed
+from pgcdc.protocol.columnar import ColumnarDecoder
+from pgcdc.protocol.encoder import Encoder
+from pgcdc.protocol.messages import Column, Relation
+from pgcdc.spark import OptionError, SchemaChanged, SparkSourceError, is_schema_changed
 from pgcdc.spark.conform import conform
 from pgcdc.spark.index import TransactionIndex, TxnEntry
 from pgcdc.spark.options import (
@@ -26,7 +29,7 @@ from pgcdc.spark.options import (
 )
 from pgcdc.spark.schema import parse_table_column, table_column
 from pgcdc.spark.session import local_cores
-from pgcdc.spark.snapshot import copy_messages
+from pgcdc.spark.snapshot import copy_tuples, split_copy_tuples
 from pgcdc.spark.stream import MIN_SPLIT_BYTES, partition_target
 
 names = st.text(min_size=1, max_size=12).filter(lambda s: "\x00" not in s)
@@ -164,7 +167,7 @@ def test_conform_fits_spark_arrow_types():
     assert conform(big, pa.timestamp("us", tz="UTC")).to_pylist()[0].year == 9999
 
 
-def test_copy_binary_rows_become_pgoutput_inserts():
+def _copy_stream() -> tuple[bytes, bytes, bytes, bytes]:
     header = b"PGCOPY\n\xff\r\n\x00" + struct.pack("!ii", 0, 0)
     row1 = struct.pack("!h", 2) + struct.pack("!i", 4) + b"\x00\x00\x00\x07" + struct.pack("!i", -1)
     row2 = (
@@ -174,20 +177,73 @@ def test_copy_binary_rows_become_pgoutput_inserts():
         + struct.pack("!i", 2)
         + b"hi"
     )
-    data = header + row1 + row2 + struct.pack("!h", -1)
-    # split anywhere: rows are reassembled across blocks
-    for cut in range(1, len(data)):
-        messages = list(copy_messages([data[:cut], data[cut:]], 16384, 2))
-        decoded = [Decoder(1).decode(m) for m in messages]
-        assert decoded == [
-            Insert(None, 16384, (b"\x00\x00\x00\x07", None)),
-            Insert(None, 16384, (b"\x00\x00\x00\x08", b"hi")),
-        ]
-    # a column the COPY casts to text (a type pgcdc only reads as text) is a text value
-    messages = list(copy_messages([data], 16384, 2, text_columns={1}))
-    assert [Decoder(1).decode(m) for m in messages][1] == Insert(
-        None, 16384, (b"\x00\x00\x00\x08", "hi")
+    return header, row1, row2, struct.pack("!h", -1)
+
+
+def _copy_decoder() -> Callable[[list[bytes]], list[dict[str, Any]]]:
+    relation = Relation(
+        None, 16384, "public", "t", "d", (Column(1, "id", 23, -1), Column(0, "note", 25, -1))
     )
+    decoder = ColumnarDecoder(1)
+    decoder.decode([Encoder(1).encode(relation)])
+    return lambda tuples: (
+        decoder.decode_copy(16384, tuples, text_columns={1})
+        .batch.select(["id", "note"])
+        .to_pylist()
+    )
+
+
+def test_copy_stream_as_postgresql_sends_it_is_decoded_block_by_block():
+    header, row1, row2, trailer = _copy_stream()
+    calls: list[int] = []
+    decode = _copy_decoder()
+
+    def counted(tuples: list[bytes]) -> list[dict[str, Any]]:
+        calls.append(len(tuples))
+        return decode(tuples)
+
+    blocks = [header + row1, row2, trailer]  # one tuple per CopyData message
+    got = [r for rows in copy_tuples(blocks, 2, counted) for r in rows]
+    assert got == [{"id": 7, "note": None}, {"id": 8, "note": "hi"}]
+    assert calls == [2]
+    # in chunks of about chunk_bytes
+    calls.clear()
+    got = [r for rows in copy_tuples(blocks, 2, counted, chunk_bytes=1) for r in rows]
+    assert got == [{"id": 7, "note": None}, {"id": 8, "note": "hi"}] and calls == [1, 1]
+    # an empty table: the header and the trailer in one message
+    assert list(copy_tuples([header + trailer], 2, counted)) == []
+
+
+def test_copy_stream_cut_anywhere_is_reassembled_into_tuples():
+    header, row1, row2, trailer = _copy_stream()
+    data = header + row1 + row2 + trailer
+    for chunk_bytes in (1, 1 << 20):
+        for cut in range(1, len(data)):
+            blocks = [data[:cut], data[cut:]]
+            got = [
+                r
+                for rows in copy_tuples(blocks, 2, _copy_decoder(), chunk_bytes=chunk_bytes)
+                for r in rows
+            ]
+            assert got == [{"id": 7, "note": None}, {"id": 8, "note": "hi"}], (cut, chunk_bytes)
+    assert split_copy_tuples(row1 + row2[:5], 2) == ([row1], len(row1), False)
+    assert split_copy_tuples(row1 + trailer, 2) == ([row1], len(row1) + 2, True)
+
+
+def test_copy_streams_that_are_damaged_are_refused():
+    header, row1, row2, trailer = _copy_stream()
+    decode = _copy_decoder()
+    cases = [
+        ([b"PGCOPY\n\xff\r\n\x01" + header[11:] + row1, trailer], "binary format"),
+        ([header + row1, row2], "without its trailer"),
+        ([header + row1, row2[:5]], "in the middle of a tuple"),
+        ([header + row1, trailer, row2], "after its trailer"),
+        ([header + row1 + trailer + row2], "after its trailer"),
+        ([header + struct.pack("!h", 3) + row1[2:], trailer], "3 columns, expected 2"),
+    ]
+    for blocks, reason in cases:
+        with pytest.raises(SparkSourceError, match=reason):
+            list(copy_tuples(blocks, 2, decode))
 
 
 def test_schema_changed_is_recognised_through_wrapping():

@@ -9,7 +9,7 @@
 from pgcdc.protocol.columnar import ColumnarBatch, ColumnarDecoder
 from pgcdc.protocol.decoder import MAX_PROTO_VERSION, Decoder
 from pgcdc.protocol.encoder import Encoder, encode_tuple
-from pgcdc.protocol.errors import ProtocolError
+from pgcdc.protocol.errors import CopyFormatError, ProtocolError
 from pgcdc.protocol.messages import (
     UNCHANGED_TOAST,
     Begin,
@@ -48,6 +48,7 @@ __all__ = [
     "ColumnarDecoder",
     "Commit",
     "CommitPrepared",
+    "CopyFormatError",
     "Decoder",
     "Delete",
     "Encoder",

@@ -23,6 +23,11 @@ Relation message that changes it starts a new one). Its columns:
   unchanged TOASTed value ('u'); those columns read null in the new image. PostgreSQL never sends
   'u' in an old tuple (it flattens TOASTed old values), and one would read null in ``_old``.
 
+``decode_copy`` reads the tuples of ``COPY ... TO STDOUT (FORMAT binary)`` of a described relation
+the same way (the COPY binary tuple is TupleData without kind bytes, with the same send-function
+values), into a ``RelationBatch`` of Inserts: a table's initial copy gets exactly the types and
+values of its stream.
+
 Malformed input raises ``ProtocolError`` under the rules and offsets of ``Decoder`` (the first bad
 message in stream order; a note says which), plus: a change to a relation no Relation message
 described, a TupleData whose column count differs from its relation's, and a value its column's
@@ -31,7 +36,7 @@ type cannot take. After an error the decoder's state is what it was before the c
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,12 +46,15 @@ import pyarrow as pa
 
 from pgcdc.protocol.decoder import Decoder
 from pgcdc.protocol.encoder import encode_tuple
-from pgcdc.protocol.errors import ProtocolError
+from pgcdc.protocol.errors import CopyFormatError, ProtocolError
 from pgcdc.protocol.framing import (
+    KIND_BINARY,
+    KIND_TEXT,
     KIND_UNCHANGED,
     FramingMismatch,
     MessageTable,
     TupleColumns,
+    walk_copy_rows,
     walk_tuples,
 )
 from pgcdc.protocol.messages import Delete, Insert, Relation, ReplicationMessage, Update
@@ -218,6 +226,65 @@ class ColumnarDecoder:
         self._layouts = layouts
         return result
 
+    def decode_copy(
+        self,
+        relation_id: int,
+        rows: Sequence[bytes],
+        *,
+        text_columns: Collection[int] = (),
+    ) -> RelationBatch:
+        """Tuples of ``COPY ... TO STDOUT (FORMAT binary)`` of a described relation, as Inserts.
+
+        Each element of ``rows`` is exactly one tuple, without the file's header or trailer
+        (PostgreSQL sends every tuple in a CopyData message of its own; the first message also
+        carries the header, the last one is the trailer). The tuple's fields are the relation's
+        columns, in order, in their types' binary form, except the (0-based) ``text_columns``,
+        which the COPY cast to ``text``: their values are read as text. ``_seq`` is the row's
+        index in ``rows``; ``_xid``, ``_old`` and ``_old_kind`` are null. Raises
+        ``CopyFormatError`` (with the row and offset) for an element that is not exactly one
+        tuple of the relation's columns, or a value its column's type cannot take.
+        """
+        layout = self._layouts.get(relation_id)
+        if layout is None:
+            raise ValueError(
+                f"relation OID {relation_id} was not described: decode its Relation message first"
+            )
+        n = len(rows)
+        if not n:
+            return RelationBatch(layout.relation, pa.RecordBatch.from_pylist([], layout.schema))
+        kinds = [
+            KIND_TEXT if j in text_columns else KIND_BINARY for j in range(len(layout.readers))
+        ]
+        table = MessageTable.from_messages(rows)
+        try:
+            cols, ends = walk_copy_rows(table, table.starts, kinds, table.starts)
+            if not (ends == table.ends).all():
+                raise FramingMismatch("a COPY tuple does not end where its row ends")
+        except FramingMismatch:
+            _raise_first_copy_error(rows, len(kinds))
+            raise RuntimeError(
+                "the columnar decoder found a malformed COPY tuple that the row check accepts; "
+                "please report this as a bug in pgcdc.protocol.columnar"
+            ) from None
+        index = np.arange(n, dtype=np.int64)
+        try:
+            columns = _read_columns(table, layout, cols, table.starts, index=index, offset=0)
+        except _ValueFailure as failure:
+            row = failure.index
+            raise CopyFormatError(row, failure.error.offset, failure.error.reason) from None
+        arrays = [
+            pa.array(index, pa.int64()),
+            pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int8)), _OPS),
+            pa.nulls(n, pa.uint32()),
+            *columns,
+            pa.nulls(n, layout.old_type),
+            pa.nulls(n, _DICTIONARY),
+            _unchanged(cols, layout.names, n),
+        ]
+        return RelationBatch(
+            layout.relation, pa.RecordBatch.from_arrays(arrays, schema=layout.schema)
+        )
+
     def _layout(self, relation: Relation) -> _Layout:
         readers = tuple(
             column_reader(c.type_id, c.type_modifier, self.registry) for c in relation.columns
@@ -359,6 +426,36 @@ def _check_change(message: Insert | Update | Delete, relations: Mapping[int, Rel
                 f"TupleData has {len(values)} columns but relation "
                 f"{relation.namespace}.{relation.name} (OID {relation.relation_id}) has "
                 f"{len(relation.columns)}; the stream and its Relation messages disagree",
+            )
+
+
+def _raise_first_copy_error(rows: Sequence[bytes], ncols: int) -> None:
+    """Walk COPY tuples one by one and raise the first framing error, if any."""
+    for row, data in enumerate(rows):
+        size = len(data)
+        if size < 2:
+            raise CopyFormatError(row, 0, f"{size} bytes, too short for a tuple's field count")
+        count = int.from_bytes(data[:2], "big", signed=True)
+        if count != ncols:
+            raise CopyFormatError(
+                row,
+                0,
+                f"{count} fields, but the relation has {ncols} columns"
+                + (" (-1 is the trailer, which must not be passed)" if count == -1 else ""),
+            )
+        at = 2
+        for column in range(ncols):
+            if at + 4 > size:
+                raise CopyFormatError(row, at, f"ends before the length of field {column}")
+            length = int.from_bytes(data[at : at + 4], "big", signed=True)
+            if length < -1:
+                raise CopyFormatError(row, at, f"field {column} has length {length}")
+            at += 4 + max(length, 0)
+            if at > size:
+                raise CopyFormatError(row, size, f"ends inside the value of field {column}")
+        if at != size:
+            raise CopyFormatError(
+                row, at, f"{size - at} bytes after the last field (more than one tuple?)"
             )
 
 

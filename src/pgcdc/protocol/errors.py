@@ -1,8 +1,9 @@
-"""The one exception the codec raises for bad input."""
+"""The exceptions the codec raises for bad input: ``ProtocolError`` for pgoutput messages,
+``CopyFormatError`` for the tuples of ``COPY ... (FORMAT binary)``."""
 
 from __future__ import annotations
 
-__all__ = ["ProtocolError"]
+__all__ = ["CopyFormatError", "ProtocolError"]
 
 
 class ProtocolError(ValueError):
@@ -27,6 +28,21 @@ class ProtocolError(ValueError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (ProtocolError, (self.message_type, self.offset, self.reason))
+
+
+class CopyFormatError(ValueError):
+    """A ``COPY ... (FORMAT binary)`` tuple that does not follow the format, or a value its
+    column's type cannot take. ``row`` is the tuple's index in the list decoded, ``offset`` the
+    byte offset within it where the problem was found."""
+
+    def __init__(self, row: int, offset: int, reason: str) -> None:
+        self.row = row
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"bad COPY binary tuple {row} at byte {offset}: {reason}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (CopyFormatError, (self.row, self.offset, self.reason))
 
 
 MESSAGE_NAMES: dict[str, str] = {

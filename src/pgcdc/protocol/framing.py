@@ -10,6 +10,10 @@ and steps every row's position past the value, a block of rows at a time so thei
 the CPU cache. The result, ``TupleColumns``, says for every (column, row) its kind and where its
 value bytes are in the buffer; no value is copied.
 
+``walk_copy_rows`` does the same for the tuples of ``COPY ... TO STDOUT (FORMAT binary)``, whose
+layout is TupleData's without the kind bytes: an Int16 field count, then per field an Int32
+length (-1 for NULL) and the value's bytes, in its type's binary (send) form.
+
 Nothing here raises ``ProtocolError``: any inconsistency (wrong column count, unknown kind,
 negative length, a tuple that does not end where its message ends, a position outside the
 buffer) raises ``FramingMismatch``, and the caller then finds and reports the exact first error
@@ -34,6 +38,7 @@ __all__ = [
     "FramingMismatch",
     "MessageTable",
     "TupleColumns",
+    "walk_copy_rows",
     "walk_tuples",
 ]
 
@@ -226,3 +231,46 @@ def _walk_block(
         valued = np.take(HAS_VALUE, kind, out=has_value[j])
         pos = start + np.where(valued, lengths[j], _BACK)
     return pos
+
+
+def walk_copy_rows(
+    table: MessageTable, positions: I64, kinds_by_column: Sequence[int], row_starts: I64
+) -> tuple[TupleColumns, I64]:
+    """Read the COPY binary tuples starting at ``positions`` (their Int16 field count).
+
+    Every tuple must have ``len(kinds_by_column)`` fields; a field's value gets the kind given
+    for its column (``KIND_BINARY``, or ``KIND_TEXT`` for a column the COPY casts to text), a
+    NULL (length -1) ``KIND_NULL``. Returns the columns and, per row, the position right after the
+    tuple. Raises ``FramingMismatch`` for anything malformed.
+    """
+    ncols = len(kinds_by_column)
+    rows = len(positions)
+    try:
+        counts = table.i16[positions]
+    except IndexError:
+        raise FramingMismatch("COPY field count outside the buffer") from None
+    if rows and not (counts == ncols).all():
+        raise FramingMismatch("COPY tuple's field count differs from the relation")
+    kinds = np.empty((ncols, rows), dtype=np.uint8)
+    starts = np.empty((ncols, rows), dtype=np.int64)
+    lengths = np.empty((ncols, rows), dtype=np.uint32)
+    has_value = np.empty((ncols, rows), dtype=np.bool_)
+    ends = np.empty(rows, dtype=np.int64)
+    null = np.uint32(0xFFFFFFFF)
+    try:
+        for first in range(0, rows, _BLOCK_ROWS):
+            block = slice(first, first + _BLOCK_ROWS)
+            pos = positions[block] + 2
+            for j, kind in enumerate(kinds_by_column):
+                length = table.u32[pos]
+                lengths[j, block] = length
+                valued = np.not_equal(length, null, out=has_value[j, block])
+                kinds[j, block] = np.where(valued, np.uint8(kind), np.uint8(KIND_NULL))
+                start = np.add(pos, 4, out=starts[j, block])
+                pos = start + np.where(valued, length, 0)
+            ends[block] = pos
+    except IndexError:
+        raise FramingMismatch("COPY value outside the buffer") from None
+    if ncols and rows and table.longest >= 2**31 and (lengths[has_value] >= 2**31).any():
+        raise FramingMismatch("negative COPY value length")
+    return TupleColumns(kinds, starts, lengths, has_value, row_starts), ends

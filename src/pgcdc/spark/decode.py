@@ -15,7 +15,7 @@ struct column; rows of tables the query does not have are left out (see ``pgcdc.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +23,7 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from pgcdc.lsn import Lsn
-from pgcdc.protocol.columnar import ColumnarDecoder, RelationBatch
+from pgcdc.protocol.columnar import ColumnarBatch, ColumnarDecoder, RelationBatch
 from pgcdc.protocol.encoder import Encoder
 from pgcdc.protocol.messages import Relation, StreamStart, StreamStop, Truncate
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog
@@ -189,7 +189,22 @@ class ChangeDecoder:
         self, messages: Sequence[bytes], segments: Sequence[_Segment]
     ) -> tuple[pa.RecordBatch | None, list[int]]:
         """One group: its record batch (None without rows) and the row count per segment."""
-        batch = self.decoder.decode(messages)
+        return self._batch(self.decoder.decode(messages), segments)
+
+    def decode_copy(
+        self, relation_id: int, rows: Sequence[bytes], label: Label, text_columns: Collection[int]
+    ) -> pa.RecordBatch | None:
+        """Tuples of a ``COPY ... (FORMAT binary)`` of a table (``ColumnarDecoder.decode_copy``)
+        as one record batch of inserts labelled ``label`` (None without rows)."""
+        if not rows:
+            return None
+        part = self.decoder.decode_copy(relation_id, rows, text_columns=text_columns)
+        result, _ = self._batch(ColumnarBatch((part,), (), len(rows)), [_Segment(0, label, 0)])
+        return result
+
+    def _batch(
+        self, batch: ColumnarBatch, segments: Sequence[_Segment]
+    ) -> tuple[pa.RecordBatch | None, list[int]]:
         # every row of the group: (seq, sub) order key, source and row within the source
         seqs: list[np.ndarray] = []
         subs: list[np.ndarray] = []

@@ -16,19 +16,21 @@ with the ``rowFilter.<table>`` options.
 
 Rows come out in the stream's schema: ``_op`` 'I', ``_commit_lsn`` and ``_end_lsn`` the
 consistent point, ``_position`` -1 (before any streamed change at the same LSN), ``_xid`` and
-``_commit_time`` null. Each COPY row becomes a pgoutput Insert message with binary values (the
-COPY binary format and pgoutput's binary values are both the types' send functions), decoded by
-the same columnar decoder as the stream, so both give exactly the same types and values.
-Columns of types the codec does not know are copied as text.
+``_commit_time`` null. The COPY's tuples are decoded by the stream's columnar decoder
+(``ColumnarDecoder.decode_copy``: the COPY binary format and pgoutput's binary values are both
+the types' send functions), so both give exactly the same types and values. PostgreSQL sends
+each tuple in a CopyData message of its own, so tuples are framed vectorised, many at once
+(``copy_tuples``), and the row count is checked against the COPY's. Columns of types the codec
+does not know are copied as text.
 """
 
 from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -38,12 +40,13 @@ from pyspark.sql.types import StructType
 
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.encoder import Encoder
+from pgcdc.protocol.errors import CopyFormatError
 from pgcdc.protocol.messages import Column, Relation
 from pgcdc.protocol.values import TypeRegistry
 from pgcdc.replication import slot_info
 from pgcdc.replication.database import connect_sql
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog
-from pgcdc.spark.decode import ChangeDecoder, Label, decode_transactions
+from pgcdc.spark.decode import ChangeDecoder, Label
 from pgcdc.spark.diagnostics import worker_logging
 from pgcdc.spark.errors import (
     COLUMNS_CHANGED_MARKER,
@@ -54,7 +57,13 @@ from pgcdc.spark.errors import (
 from pgcdc.spark.options import SnapshotSettings
 from pgcdc.spark.schema import codec_knows, registry_for
 
-__all__ = ["PgcdcSnapshotReader", "SnapshotPartition", "copy_messages", "render_filter"]
+__all__ = [
+    "PgcdcSnapshotReader",
+    "SnapshotPartition",
+    "copy_tuples",
+    "render_filter",
+    "split_copy_tuples",
+]
 
 log = logging.getLogger("pgcdc.spark")
 
@@ -62,9 +71,8 @@ _SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _HEADER = struct.Struct("!11sii")
 _I16 = struct.Struct("!h")
 _I32 = struct.Struct("!i")
-_NULL = b"n"
-_BINARY = b"b"
-_TEXT = b"t"
+_TRAILER = b"\xff\xff"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,73 +102,115 @@ def render_filter(text: str) -> str:
         ) from None
 
 
-def copy_messages(
-    blocks: Iterable[bytes | memoryview],
-    relid: int,
+def copy_tuples(
+    blocks: Iterable[bytes],
     ncols: int,
-    text_columns: Collection[int] = (),
-) -> Iterator[bytes]:
-    """pgoutput Insert messages (binary values) from a ``COPY ... (FORMAT binary)`` stream.
+    decode: Callable[[list[bytes]], _T],
+    *,
+    chunk_bytes: int = 16 << 20,
+) -> Iterator[_T]:
+    """Decode a ``COPY ... TO STDOUT (FORMAT binary)`` stream, about ``chunk_bytes`` at a time.
 
-    ``text_columns``: the (0-based) columns the COPY casts to ``text`` (types pgcdc only reads
-    as text): text's binary form is its text, so they become text-format ('t') values."""
-    prefix = b"I" + relid.to_bytes(4, "big") + b"N" + ncols.to_bytes(2, "big")
-    kinds = [_TEXT if i in text_columns else _BINARY for i in range(ncols)]
-    buffer = bytearray()
-    position = 0
+    ``decode`` gets lists of whole tuples (``ColumnarDecoder.decode_copy``'s input) and raises
+    ``CopyFormatError`` for an element that is not exactly one tuple. The file header is checked
+    and cut off the first block, the trailer checked and dropped.
+
+    PostgreSQL sends every tuple in a CopyData message of its own, and the connection gives one
+    message per block, so the blocks go to ``decode`` as they come; ``decode`` checks each one
+    (vectorised). Should they not be one tuple each (another server, a proxy), the blocks are
+    cut into tuples here, one at a time, from that list on.
+    """
+    pending: list[bytes] = []
+    size = 0
+    header = b""
     started = False
-    unpack16 = _I16.unpack_from
-    unpack32 = _I32.unpack_from
-    finished = False
-    for block in blocks:
-        if finished:
-            continue  # drain the stream to its end, so that the COPY completes
-        buffer += block
+    aligned = True
+    ended = False
+    rest = b""
+
+    def emit(chunk: list[bytes]) -> Iterator[_T]:
+        nonlocal aligned, ended, rest
+        if ended:
+            if any(chunk):
+                raise SparkSourceError("COPY sent data after its trailer", "report a bug")
+            return
+        if aligned:
+            body = chunk
+            if chunk and chunk[-1] == _TRAILER:  # in whole tuples, only the trailer is this
+                body = chunk[:-1]
+            try:
+                results = [decode(body)] if body else []
+            except CopyFormatError as exc:
+                log.debug("COPY blocks are not one tuple each (%s): cutting them", exc)
+                aligned = False
+            else:
+                ended = body is not chunk
+                yield from results
+                return
+        data = rest + b"".join(chunk)
+        tuples, used, ended = split_copy_tuples(data, ncols)
+        data_left = data[used:]
+        if ended and data_left:
+            raise SparkSourceError("COPY sent data after its trailer", "report a bug")
+        rest = data_left
+        if tuples:
+            yield decode(tuples)
+
+    for received in blocks:
+        block = received
         if not started:
-            if len(buffer) < _HEADER.size:
+            header += received
+            if len(header) < _HEADER.size:
                 continue
-            signature, _flags, extension = _HEADER.unpack_from(buffer)
+            signature, _flags, extension = _HEADER.unpack_from(header)
             if signature != _SIGNATURE:
                 raise SparkSourceError("COPY did not return its binary format", "report a bug")
-            if len(buffer) < _HEADER.size + extension:
+            if len(header) < _HEADER.size + extension:
                 continue
-            position = _HEADER.size + extension
+            block = header[_HEADER.size + extension :]
             started = True
-        size = len(buffer)
-        while size - position >= 2:
-            (count,) = unpack16(buffer, position)
-            if count == -1:
-                finished = True
-                break
-            if count != ncols:
-                raise SparkSourceError(
-                    f"COPY returned a row of {count} columns, expected {ncols}", "report a bug"
-                )
-            at = position + 2
-            parts = [prefix]
-            complete = True
-            for kind in kinds:
-                if at + 4 > size:
-                    complete = False
-                    break
-                (length,) = unpack32(buffer, at)
-                if length < 0:
-                    parts.append(_NULL)
-                    at += 4
-                    continue
-                stop = at + 4 + length
-                if stop > size:
-                    complete = False
-                    break
-                parts.append(kind)
-                parts.append(bytes(buffer[at:stop]))
-                at = stop
-            if not complete:
-                break
-            yield b"".join(parts)
-            position = at
-        del buffer[:position]
-        position = 0
+            if not block:
+                continue
+        pending.append(block)
+        size += len(block)
+        if size >= chunk_bytes:
+            yield from emit(pending)
+            pending, size = [], 0
+    yield from emit(pending)
+    if not ended:
+        raise SparkSourceError(
+            "COPY ended without its trailer" + (" (in the middle of a tuple)" if rest else ""),
+            "see the server log; copy again",
+        )
+
+
+def split_copy_tuples(data: bytes, ncols: int) -> tuple[list[bytes], int, bool]:
+    """The whole tuples at the start of ``data`` (COPY binary tuples, one after the other), how
+    many bytes they (and the trailer) take, and whether the trailer was reached."""
+    tuples: list[bytes] = []
+    position = 0
+    size = len(data)
+    unpack16 = _I16.unpack_from
+    unpack32 = _I32.unpack_from
+    while size - position >= 2:
+        (count,) = unpack16(data, position)
+        if count == -1:
+            return tuples, position + 2, True
+        if count != ncols:
+            raise SparkSourceError(
+                f"COPY returned a row of {count} columns, expected {ncols}", "report a bug"
+            )
+        at = position + 2
+        for _ in range(ncols):
+            if at + 4 > size:
+                return tuples, position, False
+            (length,) = unpack32(data, at)
+            at += 4 + max(length, 0)
+        if at > size:
+            return tuples, position, False
+        tuples.append(data[position:at])
+        position = at
+    return tuples, position, False
 
 
 def _text_casts(table: CatalogTable, registry: TypeRegistry) -> dict[int, str]:
@@ -310,17 +360,31 @@ class PgcdcSnapshotReader(DataSourceReader):
                         )
                     )
                     _check_not_rewritten(conn, table, self.settings.dsn)
-                with conn.cursor().copy(query) as copy:
-                    messages = copy_messages(
-                        _blocks(copy),
-                        table.relid,
-                        len(table.columns),
-                        text_columns(table, registry),
-                    )
-                    yield from decode_transactions(decoder, [(label, False, 0, messages)])
+                texts = text_columns(table, registry)
+                rows = 0
+                with conn.cursor() as cursor:
+                    with cursor.copy(query) as copy:
+                        for batch in copy_tuples(
+                            _blocks(copy),
+                            len(table.columns),
+                            lambda tuples: decoder.decode_copy(table.relid, tuples, label, texts),
+                        ):
+                            if batch is not None:
+                                rows += batch.num_rows
+                                yield batch
+                    if cursor.rowcount >= 0 and cursor.rowcount != rows:
+                        raise SparkSourceError(
+                            f"COPY of {table.qualified} sent {cursor.rowcount} rows but "
+                            f"{rows} were read",
+                            "report a bug",
+                        )
                 conn.execute("COMMIT")
             except psycopg.Error as exc:
                 raise _copy_error(exc, table, self.settings) from None
+            except CopyFormatError as exc:
+                raise SparkSourceError(
+                    f"copying {table.qualified}: {exc}", "report a bug in pgcdc"
+                ) from None
         log.info(
             "snapshot partition %d/%d of %s copied",
             partition.part + 1,
