@@ -497,7 +497,7 @@ class Pipeline:
                 extra={"publication": source.publication},
             )
         started = time.monotonic()
-        from pgcdc.spark import read_snapshot
+        from pgcdc.spark import snapshot_reader
 
         with create_slot_with_snapshot(
             dsn, source.slot, connect_timeout=source.connect_timeout
@@ -526,11 +526,12 @@ class Pipeline:
             if partitions is not None:
                 options["partitionsPerTable"] = partitions
             try:
-                df = read_snapshot(
-                    spark, dsn, exported=exported, publications=[source.publication], **options
+                reader = snapshot_reader(
+                    dsn, exported=exported, publications=[source.publication], **options
                 )
                 snapshot = write_snapshot(
-                    df,
+                    spark,
+                    reader,
                     self.layout,
                     plan.tables,
                     dict(table_column_pairs(plan.tables)),

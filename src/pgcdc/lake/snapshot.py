@@ -1,54 +1,78 @@
 """The initial copy: every published table into its Delta tables, in parallel, consistently.
 
-The slot is created with an exported snapshot; the Spark source's batch reader
-(``spark.read.format("pgcdc")`` with the ``snapshot`` option) copies each table in ctid ranges
-on the executors, all in that snapshot, with the publication's row filters. When several Delta
-tables are written (more than one table, or history and changelog tables), the copy is kept on
-the executors' disks (``DISK_ONLY``) while they are written, so PostgreSQL is read once; a
-single mirror is written straight from the source.
+The slot is created with an exported snapshot; the Spark source's snapshot reader
+(``pgcdc.spark.snapshot_reader``) splits each table into ctid ranges, all read in that snapshot
+with the publication's row filters. One Spark task per range reads its rows (``reader.read``:
+Arrow record batches) and, in the same Python process, writes them as Parquet files straight
+into the folders of the table's Delta tables: the mirror, and the history (every row a current
+version, ``__start_op`` 'S', starting at the consistent point) and the changelog (rows with
+``__op`` 'S') when the table has them. The rows never pass through the JVM, and PostgreSQL is
+read once however many Delta tables are written.
 
-Executors write the Parquet files straight into each Delta table's folder, and each table's
-files are added in one commit tagged ``Transaction(snapshot app id, generation)``
-(``files.write_delta_files``): the mirror and the history (every row a current version,
-``__start_op`` 'S', starting at the consistent point) and the changelog (rows with ``__op``
-'S'). A snapshot that
+``snapshot_rows`` gives those tables' rows as Spark expressions: it is what ``arrow_rows``
+computes, and fixes the Parquet schema (as the stream's writes see the tables). When every task
+succeeded, each Delta table gets its files in one commit tagged ``Transaction(snapshot app id,
+generation)`` (``files.commit_files``); files of failed attempts are removed. A snapshot that
 did not finish is redone from scratch with a new slot (the next generation): the tables of the
 unfinished one are removed first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from pgcdc.lake.changelog import changelog_rows
-from pgcdc.lake.changes import image_columns, lake_image, quote_column
-from pgcdc.lake.files import write_delta_files, written_rows
+from pgcdc.lake.changes import image_columns, lake_image, needs_cast, quote_column
+from pgcdc.lake.files import CommittedFile, commit_files
 from pgcdc.lake.tables import (
+    CL_COMMIT_LSN,
+    CL_COMMIT_LSN_TEXT,
     CL_COMMIT_TIME,
+    CL_END_LSN,
     COMMIT_LSN,
     COMMIT_TIME,
     END_AT,
     END_LSN,
     END_OP,
     IS_CURRENT,
+    OLD,
+    OLD_KIND,
     OP,
+    POSITION,
     START_AT,
     START_LSN,
     START_OP,
+    UNCHANGED,
+    XID,
     LakeLayout,
     LakeTable,
     TableKind,
 )
-from pgcdc.lake.writer import DeltaTarget, nullable_schema
+from pgcdc.lake.writer import DeltaTarget, cast_to, nullable_schema
 from pgcdc.lsn import Lsn
 
-__all__ = ["SnapshotResult", "remove_tables", "snapshot_rows", "write_snapshot"]
+__all__ = [
+    "SnapshotOutput",
+    "SnapshotResult",
+    "SnapshotTask",
+    "arrow_rows",
+    "remove_tables",
+    "snapshot_outputs",
+    "snapshot_rows",
+    "write_snapshot",
+]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -109,19 +133,277 @@ def remove_tables(layout: LakeLayout, tables: Sequence[LakeTable]) -> None:
                 log.info("removed %s %s of an unfinished snapshot", table.table_id, kind)
 
 
-def _activate(spark: Any) -> None:
-    """Make ``spark`` the JVM's active session on this thread. Spark looks Python data sources
-    (``pgcdc_lake_files``) up in the active session, which a thread other than the one that
-    created the session (py4j gives each Python thread its own JVM thread) does not have: the
-    write would fail with DATA_SOURCE_NOT_FOUND. Spark Connect sessions have no JVM here."""
-    jsession = getattr(spark, "_jsparkSession", None)
-    jvm = getattr(spark, "_jvm", None)
-    if jsession is not None and jvm is not None:
-        jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
+#: What each copy task reports: one row per Parquet file written.
+_FILES_SCHEMA = "table_id string, kind string, path string, size long, rows long"
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotOutput:
+    """One Delta table a copy task writes: where, in which Arrow schema, from which column."""
+
+    table_id: str
+    column: str
+    kind: TableKind
+    directory: str
+    schema: pa.Schema
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotTask:
+    """What a Spark task runs: copy one of the reader's partitions into Parquet files of every
+    Delta table of the partition's table, and report the files. A failed copy removes the files
+    it wrote."""
+
+    reader: Any  # pgcdc.spark.snapshot.PgcdcSnapshotReader
+    partitions: tuple[Any, ...]
+    outputs: dict[int, tuple[SnapshotOutput, ...]]  # by table relid
+    consistent_point: Lsn
+    started_at: datetime
+    tag: str
+
+    def copy(self, index: int) -> pa.RecordBatch:
+        """Copy partition ``index``; one row per file written."""
+        import pyarrow.parquet as pq
+
+        partition = self.partitions[index]
+        outputs = self.outputs.get(partition.relid, ())
+        writers: dict[int, tuple[str, pq.ParquetWriter]] = {}
+        rows = [0] * len(outputs)
+        try:
+            for batch in self.reader.read(partition):
+                for i, output in enumerate(outputs):
+                    table = arrow_rows(
+                        batch,
+                        output,
+                        consistent_point=self.consistent_point,
+                        started_at=self.started_at,
+                    )
+                    if not table.num_rows:
+                        continue
+                    if i not in writers:
+                        name = f"part-{uuid.uuid4().hex}-{self.tag}.snappy.parquet"
+                        os.makedirs(output.directory, exist_ok=True)
+                        path = os.path.join(output.directory, name)
+                        writers[i] = (
+                            name,
+                            pq.ParquetWriter(path, output.schema, compression="snappy"),
+                        )
+                    writers[i][1].write_table(table)
+                    rows[i] += table.num_rows
+        except BaseException:
+            for i, (name, writer) in writers.items():
+                with contextlib.suppress(Exception):
+                    writer.close()
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(outputs[i].directory, name))
+            raise
+        report: dict[str, list[Any]] = {k: [] for k in ("table_id", "kind", "path", "size", "rows")}
+        for i, (name, writer) in writers.items():
+            writer.close()
+            output = outputs[i]
+            report["table_id"].append(output.table_id)
+            report["kind"].append(output.kind)
+            report["path"].append(name)
+            report["size"].append(os.path.getsize(os.path.join(output.directory, name)))
+            report["rows"].append(rows[i])
+        return pa.RecordBatch.from_pydict(
+            report,
+            schema=pa.schema(
+                [
+                    ("table_id", pa.string()),
+                    ("kind", pa.string()),
+                    ("path", pa.string()),
+                    ("size", pa.int64()),
+                    ("rows", pa.int64()),
+                ]
+            ),
+        )
+
+
+def arrow_rows(
+    batch: pa.RecordBatch,
+    output: SnapshotOutput,
+    *,
+    consistent_point: Lsn,
+    started_at: datetime,
+) -> pa.Table:
+    """``snapshot_rows`` in Arrow: the rows of ``output``'s Delta table for one record batch of
+    the snapshot reader, in ``output.schema``."""
+    import pyarrow.compute as pc
+
+    keep = pc.and_(
+        pc.equal(batch.column("_table_id"), output.table_id),
+        pc.not_equal(batch.column("_op"), "T"),
+    )
+    if not pc.all(keep).as_py():
+        batch = batch.filter(keep)
+    n = batch.num_rows
+    struct = batch.column(output.column)
+    parts = dict(zip([f.name for f in struct.type], struct.flatten(), strict=True))
+    new = parts["new"]
+    columns: dict[str, pa.Array] = dict(zip([f.name for f in new.type], new.flatten(), strict=True))
+    types = {f.name: f.type for f in output.schema}
+
+    def constant(name: str, value: Any) -> pa.Array:
+        return pa.repeat(pa.scalar(value, types[name]), n)
+
+    point = int(consistent_point)
+    if output.kind == "mirror":
+        columns[COMMIT_LSN] = constant(COMMIT_LSN, point)
+        columns[COMMIT_TIME] = constant(COMMIT_TIME, started_at)
+    elif output.kind == "history":
+        columns[START_LSN] = constant(START_LSN, point)
+        columns[START_AT] = constant(START_AT, started_at)
+        columns[END_LSN] = pa.nulls(n, types[END_LSN])
+        columns[END_AT] = pa.nulls(n, types[END_AT])
+        columns[IS_CURRENT] = constant(IS_CURRENT, True)
+        columns[START_OP] = constant(START_OP, "S")
+        columns[END_OP] = pa.nulls(n, types[END_OP])
+    else:
+        old_kind = parts["old_kind"]
+        columns[OP] = constant(OP, "S")
+        columns[CL_COMMIT_LSN] = batch.column("_commit_lsn")
+        columns[CL_COMMIT_LSN_TEXT] = batch.column("_commit_lsn_text")
+        columns[CL_END_LSN] = batch.column("_end_lsn")
+        columns[POSITION] = batch.column("_position")
+        columns[XID] = batch.column("_xid")
+        columns[CL_COMMIT_TIME] = pc.coalesce(
+            batch.column("_commit_time").cast(types[CL_COMMIT_TIME]),
+            pa.scalar(started_at, types[CL_COMMIT_TIME]),
+        )
+        columns[OLD_KIND] = old_kind
+        old = parts["old"]
+        columns[OLD] = (
+            old
+            if old_kind.null_count == n
+            else pc.if_else(pc.is_valid(old_kind), old, pa.nulls(n, old.type))
+        )
+        unchanged = parts["unchanged"]
+        columns[UNCHANGED] = (
+            unchanged
+            if not unchanged.null_count
+            else pc.if_else(
+                pc.is_valid(unchanged),
+                unchanged,
+                pa.repeat(pa.scalar([], unchanged.type), n),
+            )
+        )
+    table = pa.Table.from_arrays(
+        [columns[f.name] for f in output.schema], names=output.schema.names
+    )
+    return cast_to(table, output.schema)
+
+
+def snapshot_outputs(
+    spark: Any,
+    reader: Any,
+    layout: LakeLayout,
+    tables: Sequence[LakeTable],
+    table_columns: dict[str, str],
+    *,
+    consistent_point: Lsn,
+    started_at: datetime,
+) -> dict[int, tuple[SnapshotOutput, ...]]:
+    """Each copied table's outputs (by relid), in the Arrow schemas ``snapshot_rows`` gives."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    spec = spark.createDataFrame([], reader.schema)  # no rows: only for the schemas
+    relids = {f"{t.schema}.{t.name}": t.relid for t in reader.catalog.tables}
+    outputs: dict[int, tuple[SnapshotOutput, ...]] = {}
+    for table in tables:
+        column = table_columns[table.table_id]
+        if column not in spec.columns or table.table_id not in relids:
+            raise RuntimeError(f"the snapshot has no column for {table.table_id}: is it published?")
+        image_type, _ = image_columns(spec, column)
+        if needs_cast(image_type):
+            raise RuntimeError(
+                f"{table.table_id}: the lake's snapshot reads TIME and JSON columns as strings; "
+                "read the source without timeAsTime and jsonAsVariant"
+            )
+        found = []
+        for kind in table.kinds():
+            rows = snapshot_rows(
+                spec,
+                table,
+                column,
+                kind,
+                consistent_point=consistent_point,
+                started_at=started_at,
+            )
+            found.append(
+                SnapshotOutput(
+                    table.table_id,
+                    column,
+                    kind,
+                    str(table.path(layout, kind)),
+                    nullable_schema(to_arrow_schema(rows.schema, timezone="UTC")),
+                )
+            )
+        outputs[relids[table.table_id]] = tuple(found)
+    return outputs
+
+
+#: The name the copy's data source is registered under (again for every copy).
+SOURCE_NAME = "pgcdc_lake_snapshot"
+
+
+def _run(spark: Any, task: SnapshotTask) -> list[Any]:
+    """Run ``task`` on the executors, one Spark task per reader partition; the files' rows.
+
+    The tasks are a Python data source's read (``SOURCE_NAME``), registered with ``task`` inside
+    its class: each partition's ``read`` copies its range and yields the files it wrote."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class CopyReader(DataSourceReader):
+        def partitions(self) -> Sequence[InputPartition]:
+            return [InputPartition(i) for i in range(len(task.partitions))]
+
+        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+            yield task.copy(int(partition.value))
+
+    class CopySource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return SOURCE_NAME
+
+        def schema(self) -> str:
+            return _FILES_SCHEMA
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return CopyReader()
+
+    spark.dataSource.register(CopySource)
+    return list(spark.read.format(SOURCE_NAME).load().collect())
+
+
+def _wait_for_tasks(spark: Any, timeout: float = 60.0) -> None:
+    """After a failed copy, wait (up to ``timeout`` seconds) until Spark has cancelled the
+    copy's other tasks, so that their files can be removed. Spark Connect sessions have no
+    status tracker here: the next start removes an unfinished snapshot's tables anyway."""
+    try:
+        tracker = spark.sparkContext.statusTracker()
+    except Exception:  # Spark Connect: no SparkContext
+        return
+    deadline = time.monotonic() + timeout
+    while tracker.getActiveStageIds() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _remove_files(directories: Iterable[str], tag: str, keep: set[str]) -> None:
+    """Remove the Parquet files of this copy (``tag``) that no commit added."""
+    for directory in directories:
+        path = Path(directory)
+        if not path.is_dir():
+            continue
+        for file in path.glob(f"part-*-{tag}.snappy.parquet"):
+            if file.name not in keep:
+                with contextlib.suppress(OSError):
+                    file.unlink()
 
 
 def write_snapshot(
-    snapshot_df: Any,
+    spark: Any,
+    reader: Any,
     layout: LakeLayout,
     tables: Sequence[LakeTable],
     table_columns: dict[str, str],
@@ -132,65 +414,64 @@ def write_snapshot(
     generation: int,
     on_progress: Callable[[str | None, int], None] | None = None,
 ) -> SnapshotResult:
-    """Copy every table of ``snapshot_df`` (the source's batch reader) into the lake.
+    """Copy every table of ``reader`` (``pgcdc.spark.snapshot_reader``) into the lake.
 
     ``on_progress`` (progress displays) is called with ``(None, rows read)`` once the copy is
-    read, then with ``(table id, mirror rows)`` as each table is written."""
-    from pyspark import StorageLevel
-    from pyspark.sql.pandas.types import to_arrow_schema
-
+    read, then with ``(table id, mirror rows)`` as each table is committed."""
     result = SnapshotResult()
     started = time.monotonic()
-    _activate(snapshot_df.sparkSession)
-    # several Delta tables are written from one read of the source: keep it on the executors'
-    # disks. One (a single table's mirror) is written straight from the source, read once.
-    single = sum(len(table.kinds()) for table in tables) == 1
-    df = snapshot_df if single else snapshot_df.persist(StorageLevel.DISK_ONLY)
-
-    def read_done(total: int) -> None:
+    outputs = snapshot_outputs(
+        spark,
+        reader,
+        layout,
+        tables,
+        table_columns,
+        consistent_point=consistent_point,
+        started_at=started_at,
+    )
+    partitions = tuple(reader.partitions())
+    tag = f"s{generation}-{uuid.uuid4().hex[:8]}"
+    task = SnapshotTask(reader, partitions, outputs, consistent_point, started_at, tag)
+    directories = [o.directory for found in outputs.values() for o in found]
+    committed: set[str] = set()
+    try:
+        files = _run(spark, task) if partitions else []
+        by_output: dict[tuple[str, str], list[Any]] = {}
+        for row in files:
+            by_output.setdefault((row["table_id"], row["kind"]), []).append(row)
+        total = sum(int(r["rows"]) for r in files if r["kind"] == "mirror")
         log.info("snapshot at %s: %s rows read from the source", consistent_point, total)
         if on_progress is not None:
             on_progress(None, total)
-
-    try:
-        if not single:
-            read_done(int(df.count()))
         for table in tables:
-            column = table_columns[table.table_id]
-            if column not in df.columns:
-                raise RuntimeError(
-                    f"the snapshot has no column for {table.table_id}: is it published?"
-                )
-            for kind in table.kinds():
-                target = DeltaTarget(table.path(layout, kind))
-                rows = snapshot_rows(
-                    df,
-                    table,
-                    column,
-                    kind,
-                    consistent_point=consistent_point,
-                    started_at=started_at,
-                )
-                schema = nullable_schema(to_arrow_schema(rows.schema, timezone="UTC"))
-                write_delta_files(
-                    rows,
+            relid = next(
+                relid
+                for relid, found in outputs.items()
+                if found and found[0].table_id == table.table_id
+            )
+            for output in outputs[relid]:
+                written = by_output.get((output.table_id, output.kind), [])
+                target = DeltaTarget(output.directory)
+                Path(output.directory).mkdir(parents=True, exist_ok=True)
+                commit_files(
                     target,
-                    schema,
+                    output.schema,
+                    [CommittedFile(r["path"], int(r["size"]), int(r["rows"])) for r in written],
                     app_id=app_id,
                     version=generation,
                     metadata={"snapshot": generation, "consistent_point": str(consistent_point)},
-                    tag=f"s{generation}",
                 )
-                count = written_rows(target)
-                if kind == "mirror":
+                committed.update(r["path"] for r in written)
+                count = sum(int(r["rows"]) for r in written)
+                if output.kind == "mirror":
                     result.rows[table.table_id] = count
-                log.info("snapshot of %s %s: %s rows", table.table_id, kind, count)
-                if single:  # the copy was read as it was written
-                    read_done(count)
+                log.info("snapshot of %s %s: %s rows", table.table_id, output.kind, count)
             if on_progress is not None:
                 on_progress(table.table_id, result.rows.get(table.table_id, 0))
+    except BaseException:
+        _wait_for_tasks(spark)
+        raise
     finally:
-        if not single:
-            df.unpersist()
+        _remove_files(directories, tag, committed)
     result.seconds = time.monotonic() - started
     return result

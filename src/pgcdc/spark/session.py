@@ -18,8 +18,17 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from pgcdc.replication import ExportedSnapshot
+    from pgcdc.spark.snapshot import PgcdcSnapshotReader
 
-__all__ = ["read_snapshot", "read_stream", "register", "spark_session", "table_changes"]
+__all__ = [
+    "read_snapshot",
+    "read_stream",
+    "register",
+    "snapshot_options",
+    "snapshot_reader",
+    "spark_session",
+    "table_changes",
+]
 
 
 def register(spark: SparkSession) -> None:
@@ -160,26 +169,74 @@ def read_snapshot(
     its consistent point; keep it held until the DataFrame has been written. ``row_filters``:
     table -> SQL expression(s), OR-combined with the publications' filters.
     """
+    texts = snapshot_options(
+        dsn,
+        exported=exported,
+        publications=publications,
+        tables=tables,
+        row_filters=row_filters,
+        **options,
+    )
+    return spark.read.format("pgcdc").options(**texts).load()
+
+
+def snapshot_reader(
+    dsn: str,
+    *,
+    exported: ExportedSnapshot | None = None,
+    publications: Iterable[str] = (),
+    tables: Iterable[str | tuple[str, str]] = (),
+    row_filters: Mapping[str, str | list[str]] | None = None,
+    **options: Any,
+) -> PgcdcSnapshotReader:
+    """The snapshot reader ``read_snapshot``'s DataFrame reads through, for callers that run its
+    partitions themselves (``partitions()``, then ``read(partition)`` on executors: Arrow record
+    batches of ``arrow_output_schema(reader.schema)``), as the lake's initial copy does to write
+    Parquet files in the same task that decodes the rows. Reads the catalog now."""
+    from pgcdc.spark.snapshot import PgcdcSnapshotReader
+    from pgcdc.spark.source import PgcdcDataSource
+
+    texts = snapshot_options(
+        dsn,
+        exported=exported,
+        publications=publications,
+        tables=tables,
+        row_filters=row_filters,
+        **options,
+    )
+    source = PgcdcDataSource(texts)
+    reader = source.reader(source.schema())
+    assert isinstance(reader, PgcdcSnapshotReader)
+    return reader
+
+
+def snapshot_options(
+    dsn: str,
+    *,
+    exported: ExportedSnapshot | None = None,
+    publications: Iterable[str] = (),
+    tables: Iterable[str | tuple[str, str]] = (),
+    row_filters: Mapping[str, str | list[str]] | None = None,
+    **options: Any,
+) -> dict[str, str]:
+    """The ``pgcdc`` source's options (text) for a snapshot read."""
     import json
 
-    reader = spark.read.format("pgcdc").option("dsn", dsn)
+    texts = {"dsn": dsn}
     pubs = [publications] if isinstance(publications, str) else list(publications)
     if pubs:
-        reader = reader.option("publications", _json_list(pubs))
+        texts["publications"] = _json_list(pubs)
     names = list(tables)
     if names:
-        reader = reader.option(
-            "tables", json.dumps([list(n) if isinstance(n, tuple) else n for n in names])
-        )
+        texts["tables"] = json.dumps([list(n) if isinstance(n, tuple) else n for n in names])
     if exported is not None:
-        reader = reader.option("snapshot", exported.snapshot_name).option(
-            "consistentPoint", str(exported.consistent_point)
-        )
+        texts["snapshot"] = exported.snapshot_name
+        texts["consistentPoint"] = str(exported.consistent_point)
     if row_filters:
-        reader = reader.option("rowFilters", json.dumps(dict(row_filters)))
+        texts["rowFilters"] = json.dumps(dict(row_filters))
     for key, value in options.items():
-        reader = reader.option(key, _option_text(value))
-    return reader.load()
+        texts[key] = _option_text(value)
+    return texts
 
 
 def _json_list(names: list[str]) -> str:
