@@ -10,7 +10,8 @@ version, ``__start_op`` 'S', starting at the consistent point) and the changelog
 read once however many Delta tables are written.
 
 ``snapshot_rows`` gives those tables' rows as Spark expressions: it is what ``arrow_rows``
-computes, and fixes the Parquet schema (as the stream's writes see the tables). When every task
+computes, in the schema ``snapshot_schema`` gives (Spark's types for those expressions, as the
+stream's writes see the tables). When every task
 succeeded, each Delta table gets its files in one commit tagged ``Transaction(snapshot app id,
 generation)`` (``files.commit_files``); files of failed attempts are removed. A snapshot that
 did not finish is redone from scratch with a new slot (the next generation): the tables of the
@@ -71,6 +72,7 @@ __all__ = [
     "remove_tables",
     "snapshot_outputs",
     "snapshot_rows",
+    "snapshot_schema",
     "write_snapshot",
 ]
 
@@ -294,52 +296,80 @@ def arrow_rows(
     return cast_to(table, output.schema)
 
 
-def snapshot_outputs(
-    spark: Any,
-    reader: Any,
-    layout: LakeLayout,
-    tables: Sequence[LakeTable],
-    table_columns: dict[str, str],
-    *,
-    consistent_point: Lsn,
-    started_at: datetime,
-) -> dict[int, tuple[SnapshotOutput, ...]]:
-    """Each copied table's outputs (by relid), in the Arrow schemas ``snapshot_rows`` gives."""
+def snapshot_schema(source: Any, column: str, kind: TableKind) -> pa.Schema:
+    """The Arrow schema of ``snapshot_rows`` for the source schema ``source`` (a Spark
+    ``StructType``), built without Spark: the same types its expressions give."""
+    from pyspark.sql import types as T
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    spec = spark.createDataFrame([], reader.schema)  # no rows: only for the schemas
+    struct = source[column].dataType
+    image = struct["new"].dataType
+    fields = [T.StructField(f.name, f.dataType, True) for f in image.fields]
+
+    def add(name: str, dtype: Any) -> None:
+        fields.append(T.StructField(name, dtype, True))
+
+    if kind == "mirror":
+        add(COMMIT_LSN, T.LongType())
+        add(COMMIT_TIME, T.TimestampType())
+    elif kind == "history":
+        for name, dtype in (
+            (START_LSN, T.LongType()),
+            (START_AT, T.TimestampType()),
+            (END_LSN, T.LongType()),
+            (END_AT, T.TimestampType()),
+            (IS_CURRENT, T.BooleanType()),
+            (START_OP, T.StringType()),
+            (END_OP, T.StringType()),
+        ):
+            add(name, dtype)
+    else:
+        changelog: list[tuple[str, Any]] = [
+            (OP, T.StringType()),
+            (CL_COMMIT_LSN, source["_commit_lsn"].dataType),
+            (CL_COMMIT_LSN_TEXT, source["_commit_lsn_text"].dataType),
+            (CL_END_LSN, source["_end_lsn"].dataType),
+            (POSITION, T.LongType()),
+            (XID, source["_xid"].dataType),
+            (CL_COMMIT_TIME, source["_commit_time"].dataType),
+            (OLD_KIND, struct["old_kind"].dataType),
+            (OLD, image),
+            (UNCHANGED, T.ArrayType(T.StringType(), True)),
+        ]
+        for name, dtype in changelog:
+            add(name, dtype)
+    return nullable_schema(to_arrow_schema(T.StructType(fields), timezone="UTC"))
+
+
+def snapshot_outputs(
+    reader: Any, layout: LakeLayout, tables: Sequence[LakeTable], table_columns: dict[str, str]
+) -> dict[int, tuple[SnapshotOutput, ...]]:
+    """Each copied table's outputs (by relid), in the Arrow schemas ``snapshot_rows`` gives."""
+    from pyspark.sql import types as T
+
+    source = reader.schema
     relids = {f"{t.schema}.{t.name}": t.relid for t in reader.catalog.tables}
     outputs: dict[int, tuple[SnapshotOutput, ...]] = {}
     for table in tables:
         column = table_columns[table.table_id]
-        if column not in spec.columns or table.table_id not in relids:
+        if column not in source.fieldNames() or table.table_id not in relids:
             raise RuntimeError(f"the snapshot has no column for {table.table_id}: is it published?")
-        image_type, _ = image_columns(spec, column)
-        if needs_cast(image_type):
+        image = source[column].dataType["new"].dataType
+        if not isinstance(image, T.StructType) or needs_cast(image):
             raise RuntimeError(
                 f"{table.table_id}: the lake's snapshot reads TIME and JSON columns as strings; "
                 "read the source without timeAsTime and jsonAsVariant"
             )
-        found = []
-        for kind in table.kinds():
-            rows = snapshot_rows(
-                spec,
-                table,
+        outputs[relids[table.table_id]] = tuple(
+            SnapshotOutput(
+                table.table_id,
                 column,
                 kind,
-                consistent_point=consistent_point,
-                started_at=started_at,
+                str(table.path(layout, kind)),
+                snapshot_schema(source, column, kind),
             )
-            found.append(
-                SnapshotOutput(
-                    table.table_id,
-                    column,
-                    kind,
-                    str(table.path(layout, kind)),
-                    nullable_schema(to_arrow_schema(rows.schema, timezone="UTC")),
-                )
-            )
-        outputs[relids[table.table_id]] = tuple(found)
+            for kind in table.kinds()
+        )
     return outputs
 
 
@@ -420,15 +450,7 @@ def write_snapshot(
     read, then with ``(table id, mirror rows)`` as each table is committed."""
     result = SnapshotResult()
     started = time.monotonic()
-    outputs = snapshot_outputs(
-        spark,
-        reader,
-        layout,
-        tables,
-        table_columns,
-        consistent_point=consistent_point,
-        started_at=started_at,
-    )
+    outputs = snapshot_outputs(reader, layout, tables, table_columns)
     partitions = tuple(reader.partitions())
     tag = f"s{generation}-{uuid.uuid4().hex[:8]}"
     task = SnapshotTask(reader, partitions, outputs, consistent_point, started_at, tag)
