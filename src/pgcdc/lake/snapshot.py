@@ -276,7 +276,7 @@ def arrow_rows(
         columns[OLD_KIND] = old_kind
         old = parts["old"]
         columns[OLD] = (
-            old
+            pa.nulls(n, old.type)
             if old_kind.null_count == n
             else pc.if_else(pc.is_valid(old_kind), old, pa.nulls(n, old.type))
         )

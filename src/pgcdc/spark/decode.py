@@ -352,7 +352,10 @@ class ChangeDecoder:
             mine = np.isin(src, np.asarray(members))
             take = np.where(mine, offsets[src] + src_row, -1)
             joined = values[0] if len(values) == 1 else pa.concat_arrays(values)
-            arrays.append(joined.take(pa.array(take, mask=~mine)))
+            if len(joined) == m and mine.all() and (take == np.arange(m)).all():
+                arrays.append(joined)  # every row, in order (a single table's rows)
+            else:
+                arrays.append(joined.take(pa.array(take, mask=~mine)))
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
 

@@ -226,7 +226,8 @@ def _text_casts(table: CatalogTable, registry: TypeRegistry) -> dict[int, str]:
 
 
 def text_columns(table: CatalogTable, registry: TypeRegistry) -> frozenset[int]:
-    """The columns whose COPY value is plain text (``copy_messages``' ``text_columns``)."""
+    """The columns whose COPY value is plain text (``text_columns`` of
+    ``ColumnarDecoder.decode_copy``)."""
     return frozenset(i for i, cast in _text_casts(table, registry).items() if cast == "text")
 
 
