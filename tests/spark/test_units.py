@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from pgcdc.protocol.columnar import ColumnarDecoder
 from pgcdc.protocol.encoder import Encoder
+from pgcdc.protocol.errors import CopyFormatError
 from pgcdc.protocol.messages import Column, Relation
 from pgcdc.spark import OptionError, SchemaChanged, SparkSourceError, is_schema_changed
 from pgcdc.spark.conform import conform
@@ -244,6 +245,15 @@ def test_copy_streams_that_are_damaged_are_refused():
     for blocks, reason in cases:
         with pytest.raises(SparkSourceError, match=reason):
             list(copy_tuples(blocks, 2, decode))
+    # a value its type cannot take (an int4 of 3 bytes), numbered from the start of the COPY
+    bad = struct.pack("!h", 2) + struct.pack("!i", 3) + b"\x00\x00\x07" + struct.pack("!i", -1)
+    for chunk_bytes in (1, 1 << 20):
+        with pytest.raises(CopyFormatError) as caught:
+            list(
+                copy_tuples([header + row1, row2, bad, trailer], 2, decode, chunk_bytes=chunk_bytes)
+            )
+        assert (caught.value.row, caught.value.offset) == (2, 6)
+        assert "'id'" in caught.value.reason
 
 
 def test_schema_changed_is_recognised_through_wrapping():

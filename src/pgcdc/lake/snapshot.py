@@ -373,16 +373,20 @@ def snapshot_outputs(
     return outputs
 
 
-#: The name the copy's data source is registered under (again for every copy).
+#: The copy's data source is registered under this name and the copy's tag (one per copy, so
+#: that copies running at the same time on one session never run each other's tasks).
 SOURCE_NAME = "pgcdc_lake_snapshot"
 
 
 def _run(spark: Any, task: SnapshotTask) -> list[Any]:
     """Run ``task`` on the executors, one Spark task per reader partition; the files' rows.
 
-    The tasks are a Python data source's read (``SOURCE_NAME``), registered with ``task`` inside
-    its class: each partition's ``read`` copies its range and yields the files it wrote."""
+    The tasks are a Python data source's read (``SOURCE_NAME`` and the copy's tag), registered
+    with ``task`` inside its class: each partition's ``read`` copies its range and yields the
+    files it wrote."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    name = f"{SOURCE_NAME}_{task.tag.replace('-', '_')}"
 
     class CopyReader(DataSourceReader):
         def partitions(self) -> Sequence[InputPartition]:
@@ -394,7 +398,7 @@ def _run(spark: Any, task: SnapshotTask) -> list[Any]:
     class CopySource(DataSource):
         @classmethod
         def name(cls) -> str:
-            return SOURCE_NAME
+            return name
 
         def schema(self) -> str:
             return _FILES_SCHEMA
@@ -403,13 +407,12 @@ def _run(spark: Any, task: SnapshotTask) -> list[Any]:
             return CopyReader()
 
     spark.dataSource.register(CopySource)
-    return list(spark.read.format(SOURCE_NAME).load().collect())
+    return list(spark.read.format(name).load().collect())
 
 
 def _wait_for_tasks(spark: Any, timeout: float = 60.0) -> None:
-    """After a failed copy, wait (up to ``timeout`` seconds) until Spark has cancelled the
-    copy's other tasks, so that their files can be removed. Spark Connect sessions have no
-    status tracker here: the next start removes an unfinished snapshot's tables anyway."""
+    """After a failed copy, wait (up to ``timeout`` seconds) until Spark no longer runs the
+    copy's stage. Spark Connect sessions have no status tracker here."""
     try:
         tracker = spark.sparkContext.statusTracker()
     except Exception:  # Spark Connect: no SparkContext
@@ -419,8 +422,9 @@ def _wait_for_tasks(spark: Any, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def _remove_files(directories: Iterable[str], tag: str, keep: set[str]) -> None:
-    """Remove the Parquet files of this copy (``tag``) that no commit added."""
+def _remove_files(directories: Iterable[str], tag: str, keep: set[str]) -> int:
+    """Remove the Parquet files of this copy (``tag``) not in ``keep``; how many."""
+    removed = 0
     for directory in directories:
         path = Path(directory)
         if not path.is_dir():
@@ -429,6 +433,26 @@ def _remove_files(directories: Iterable[str], tag: str, keep: set[str]) -> None:
             if file.name not in keep:
                 with contextlib.suppress(OSError):
                     file.unlink()
+                    removed += 1
+    return removed
+
+
+def _remove_files_until_quiet(
+    directories: Sequence[str], tag: str, keep: set[str], *, quiet: float = 3.0, limit: float = 30.0
+) -> None:
+    """Remove the copy's files until none has appeared for ``quiet`` seconds (at most ``limit``):
+    a task Spark is still cancelling (it kills a task's Python worker a few seconds after the
+    job failed) may write one after the first pass. What is left after ``limit`` is never in
+    a Delta log, and the next start removes an unfinished snapshot's tables."""
+    deadline = time.monotonic() + limit
+    last = time.monotonic()
+    while True:
+        if _remove_files(directories, tag, keep):
+            last = time.monotonic()
+        now = time.monotonic()
+        if now - last >= quiet or now >= deadline:
+            return
+        time.sleep(0.5)
 
 
 def write_snapshot(
@@ -475,6 +499,8 @@ def write_snapshot(
                 written = by_output.get((output.table_id, output.kind), [])
                 target = DeltaTarget(output.directory)
                 Path(output.directory).mkdir(parents=True, exist_ok=True)
+                # kept from here on even if the commit raises: it may have landed first
+                committed.update(r["path"] for r in written)
                 commit_files(
                     target,
                     output.schema,
@@ -483,7 +509,6 @@ def write_snapshot(
                     version=generation,
                     metadata={"snapshot": generation, "consistent_point": str(consistent_point)},
                 )
-                committed.update(r["path"] for r in written)
                 count = sum(int(r["rows"]) for r in written)
                 if output.kind == "mirror":
                     result.rows[table.table_id] = count
@@ -492,8 +517,8 @@ def write_snapshot(
                 on_progress(table.table_id, result.rows.get(table.table_id, 0))
     except BaseException:
         _wait_for_tasks(spark)
+        _remove_files_until_quiet(directories, tag, committed)
         raise
-    finally:
-        _remove_files(directories, tag, committed)
+    _remove_files(directories, tag, committed)  # of task attempts that failed and were retried
     result.seconds = time.monotonic() - started
     return result

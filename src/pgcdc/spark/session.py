@@ -193,8 +193,10 @@ def snapshot_reader(
     partitions themselves (``partitions()``, then ``read(partition)`` on executors: Arrow record
     batches of ``arrow_output_schema(reader.schema)``), as the lake's initial copy does to write
     Parquet files in the same task that decodes the rows. Reads the catalog now."""
+    from pgcdc.spark.options import snapshot_settings, type_choices
+    from pgcdc.spark.schema import source_schema
     from pgcdc.spark.snapshot import PgcdcSnapshotReader
-    from pgcdc.spark.source import PgcdcDataSource
+    from pgcdc.spark.source import load_source_catalog
 
     texts = snapshot_options(
         dsn,
@@ -204,10 +206,11 @@ def snapshot_reader(
         row_filters=row_filters,
         **options,
     )
-    source = PgcdcDataSource(texts)
-    reader = source.reader(source.schema())
-    assert isinstance(reader, PgcdcSnapshotReader)
-    return reader
+    settings = snapshot_settings(texts)
+    catalog = load_source_catalog(texts)
+    schema = source_schema(catalog, type_choices(texts))
+    point = PgcdcSnapshotReader.resolve_consistent_point(settings)
+    return PgcdcSnapshotReader(settings, catalog, schema, point)
 
 
 def snapshot_options(

@@ -125,11 +125,12 @@ def copy_tuples(
     header = b""
     started = False
     aligned = True
+    done = 0  # tuples decoded
     ended = False
     rest = b""
 
     def emit(chunk: list[bytes]) -> Iterator[_T]:
-        nonlocal aligned, ended, rest
+        nonlocal aligned, ended, rest, done
         if ended:
             if any(chunk):
                 raise SparkSourceError("COPY sent data after its trailer", "report a bug")
@@ -141,10 +142,13 @@ def copy_tuples(
             try:
                 results = [decode(body)] if body else []
             except CopyFormatError as exc:
-                log.debug("COPY blocks are not one tuple each (%s): cutting them", exc)
+                # blocks that are not one tuple each, or a bad value (which the sequential
+                # path then reports)
+                log.debug("COPY blocks refused (%s): cutting them into tuples one by one", exc)
                 aligned = False
             else:
                 ended = body is not chunk
+                done += len(body)
                 yield from results
                 return
         data = rest + b"".join(chunk)
@@ -154,7 +158,12 @@ def copy_tuples(
             raise SparkSourceError("COPY sent data after its trailer", "report a bug")
         rest = data_left
         if tuples:
-            yield decode(tuples)
+            try:
+                result = decode(tuples)
+            except CopyFormatError as exc:  # numbered from the start of the COPY
+                raise CopyFormatError(done + exc.row, exc.offset, exc.reason) from None
+            done += len(tuples)
+            yield result
 
     for received in blocks:
         block = received

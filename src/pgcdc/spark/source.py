@@ -26,7 +26,36 @@ from pgcdc.spark.options import (
 )
 from pgcdc.spark.schema import source_schema
 
-__all__ = ["PgcdcDataSource"]
+__all__ = ["PgcdcDataSource", "load_source_catalog"]
+
+
+def load_source_catalog(options: Any) -> SourceCatalog:
+    """The catalog the source's options (``dsn``, ``publications``, ``tables``, row filters)
+    describe, read from the database now."""
+    dsn = _get(options, "dsn")
+    if not dsn:
+        raise OptionError(
+            "the pgcdc source needs the option 'dsn'",
+            '.option("dsn", "host=... dbname=... user=...")',
+        )
+    tables_text = _get(options, "tables")
+    publications_text = _get(options, "publications")
+    extra: dict[tuple[str, str], list[str]] = {}
+    if publications_text or tables_text:
+        # row filters only matter for the snapshot; resolve them against the tables read
+        from pgcdc.spark.snapshot import render_filter
+
+        settings = snapshot_settings(options)
+        extra = {
+            table: [render_filter(text) for text in texts]
+            for table, texts in settings.row_filters.items()
+        }
+    return load_catalog(
+        dsn,
+        publications=_names("publications", publications_text) if publications_text else (),
+        tables=parse_qualified_names("tables", tables_text) if tables_text else (),
+        extra_filters=extra,
+    )
 
 
 class PgcdcDataSource(DataSource):
@@ -42,33 +71,8 @@ class PgcdcDataSource(DataSource):
         return "pgcdc"
 
     def _load(self) -> SourceCatalog:
-        if self._catalog is not None:
-            return self._catalog
-        options = self.options
-        dsn = _get(options, "dsn")
-        if not dsn:
-            raise OptionError(
-                "the pgcdc source needs the option 'dsn'",
-                '.option("dsn", "host=... dbname=... user=...")',
-            )
-        tables_text = _get(options, "tables")
-        publications_text = _get(options, "publications")
-        extra: dict[tuple[str, str], list[str]] = {}
-        if publications_text or tables_text:
-            # row filters only matter for the snapshot; resolve them against the tables read
-            from pgcdc.spark.snapshot import render_filter
-
-            settings = snapshot_settings(options)
-            extra = {
-                table: [render_filter(text) for text in texts]
-                for table, texts in settings.row_filters.items()
-            }
-        self._catalog = load_catalog(
-            dsn,
-            publications=_names("publications", publications_text) if publications_text else (),
-            tables=parse_qualified_names("tables", tables_text) if tables_text else (),
-            extra_filters=extra,
-        )
+        if self._catalog is None:
+            self._catalog = load_source_catalog(self.options)
         return self._catalog
 
     def schema(self) -> StructType:
