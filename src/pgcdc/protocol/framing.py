@@ -22,7 +22,7 @@ with the row decoder, which owns the error rules and offsets.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,38 +180,61 @@ def walk_tuples(
     position right after the part; the caller checks that against what must follow (the end
     of the message or an 'N' marker). Raises ``FramingMismatch`` for anything malformed.
     """
+
+    def walk(pos: I64, block: slice, out: TupleColumns) -> I64:
+        return _walk_block(
+            table,
+            pos,
+            kinds=out.kinds[:, block],
+            starts=out.starts[:, block],
+            lengths=out.lengths[:, block],
+            has_value=out.has_value[:, block],
+        )
+
+    cols, ends = _walk(table, positions, ncols, row_starts, what="TupleData", walk=walk)
+    if ncols and len(positions) and not KNOWN_KIND[cols.kinds].all():
+        raise FramingMismatch("unknown TupleData kind")
+    return cols, ends
+
+
+def _walk(
+    table: MessageTable,
+    positions: I64,
+    ncols: int,
+    row_starts: I64,
+    *,
+    what: str,
+    walk: Callable[[I64, slice, TupleColumns], I64],
+) -> tuple[TupleColumns, I64]:
+    """What reading tuples (``what``: TupleData or COPY) at ``positions`` takes beside reading
+    their fields: the Int16 count checked against ``ncols``, the (column, row) outputs, the
+    rows walked a block at a time (``walk(first field's position, rows, outputs)`` fills a
+    block's outputs and returns where its tuples end), and the length check."""
     rows = len(positions)
     try:
         counts = table.i16[positions]
     except IndexError:
-        raise FramingMismatch("TupleData column count outside the buffer") from None
+        raise FramingMismatch(f"{what} column count outside the buffer") from None
     if rows and not (counts == ncols).all():
-        raise FramingMismatch("TupleData column count differs from the relation")
-    kinds = np.empty((ncols, rows), dtype=np.uint8)
-    starts = np.empty((ncols, rows), dtype=np.int64)
-    lengths = np.empty((ncols, rows), dtype=np.uint32)
-    has_value = np.empty((ncols, rows), dtype=np.bool_)
+        raise FramingMismatch(f"{what} column count differs from the relation")
+    cols = TupleColumns(
+        np.empty((ncols, rows), dtype=np.uint8),
+        np.empty((ncols, rows), dtype=np.int64),
+        np.empty((ncols, rows), dtype=np.uint32),
+        np.empty((ncols, rows), dtype=np.bool_),
+        row_starts,
+    )
     ends = np.empty(rows, dtype=np.int64)
     try:
         # a block of rows at a time, so their messages stay in the CPU cache for all columns
         for first in range(0, rows, _BLOCK_ROWS):
             block = slice(first, first + _BLOCK_ROWS)
-            ends[block] = _walk_block(
-                table,
-                positions[block] + 2,
-                kinds=kinds[:, block],
-                starts=starts[:, block],
-                lengths=lengths[:, block],
-                has_value=has_value[:, block],
-            )
+            ends[block] = walk(positions[block] + 2, block, cols)
     except IndexError:
-        raise FramingMismatch("TupleData value outside the buffer") from None
-    if ncols and rows:
-        if not KNOWN_KIND[kinds].all():
-            raise FramingMismatch("unknown TupleData kind")
-        if table.longest >= 2**31 and (lengths[has_value] >= 2**31).any():
-            raise FramingMismatch("negative TupleData value length")
-    return TupleColumns(kinds, starts, lengths, has_value, row_starts), ends
+        raise FramingMismatch(f"{what} value outside the buffer") from None
+    if ncols and rows and table.longest >= 2**31 and (cols.lengths[cols.has_value] >= 2**31).any():
+        raise FramingMismatch(f"negative {what} value length")
+    return cols, ends
 
 
 def _walk_block(
@@ -243,34 +266,16 @@ def walk_copy_rows(
     NULL (length -1) ``KIND_NULL``. Returns the columns and, per row, the position right after the
     tuple. Raises ``FramingMismatch`` for anything malformed.
     """
-    ncols = len(kinds_by_column)
-    rows = len(positions)
-    try:
-        counts = table.i16[positions]
-    except IndexError:
-        raise FramingMismatch("COPY field count outside the buffer") from None
-    if rows and not (counts == ncols).all():
-        raise FramingMismatch("COPY tuple's field count differs from the relation")
-    kinds = np.empty((ncols, rows), dtype=np.uint8)
-    starts = np.empty((ncols, rows), dtype=np.int64)
-    lengths = np.empty((ncols, rows), dtype=np.uint32)
-    has_value = np.empty((ncols, rows), dtype=np.bool_)
-    ends = np.empty(rows, dtype=np.int64)
     null = np.uint32(0xFFFFFFFF)
-    try:
-        for first in range(0, rows, _BLOCK_ROWS):
-            block = slice(first, first + _BLOCK_ROWS)
-            pos = positions[block] + 2
-            for j, kind in enumerate(kinds_by_column):
-                length = table.u32[pos]
-                lengths[j, block] = length
-                valued = np.not_equal(length, null, out=has_value[j, block])
-                kinds[j, block] = np.where(valued, np.uint8(kind), np.uint8(KIND_NULL))
-                start = np.add(pos, 4, out=starts[j, block])
-                pos = start + np.where(valued, length, 0)
-            ends[block] = pos
-    except IndexError:
-        raise FramingMismatch("COPY value outside the buffer") from None
-    if ncols and rows and table.longest >= 2**31 and (lengths[has_value] >= 2**31).any():
-        raise FramingMismatch("negative COPY value length")
-    return TupleColumns(kinds, starts, lengths, has_value, row_starts), ends
+
+    def walk(pos: I64, block: slice, out: TupleColumns) -> I64:
+        for j, kind in enumerate(kinds_by_column):
+            length = table.u32[pos]
+            out.lengths[j, block] = length
+            valued = np.not_equal(length, null, out=out.has_value[j, block])
+            out.kinds[j, block] = np.where(valued, np.uint8(kind), np.uint8(KIND_NULL))
+            start = np.add(pos, 4, out=out.starts[j, block])
+            pos = start + np.where(valued, length, 0)
+        return pos
+
+    return _walk(table, positions, len(kinds_by_column), row_starts, what="COPY", walk=walk)
