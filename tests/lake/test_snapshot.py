@@ -16,7 +16,13 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pgcdc.lake.pipeline import Pipeline
-from pgcdc.lake.snapshot import arrow_rows, snapshot_outputs, snapshot_rows, write_snapshot
+from pgcdc.lake.snapshot import (
+    SnapshotResult,
+    arrow_rows,
+    snapshot_outputs,
+    snapshot_rows,
+    write_snapshot,
+)
 from pgcdc.lake.writer import DeltaTarget, cast_to, nullable_schema
 from pgcdc.spark import read_snapshot, snapshot_reader, table_column
 from tests.fix_pg import PgDatabase
@@ -106,8 +112,9 @@ def test_a_failed_copy_leaves_no_files_and_commits_nothing(
     blocked.parent.mkdir(parents=True, exist_ok=True)
     blocked.write_text("in the way")
     reader = snapshot_reader(pg.dsn(), tables=list(TABLES), partitionsPerTable=2)
-    with pytest.raises(Exception, match=r"File exists|Not a directory"):
-        write_snapshot(
+
+    def copy() -> SnapshotResult:
+        return write_snapshot(
             spark,
             reader,
             pipeline.layout,
@@ -118,23 +125,16 @@ def test_a_failed_copy_leaves_no_files_and_commits_nothing(
             app_id="test-snapshot",
             generation=1,
         )
+
+    with pytest.raises(Exception, match=r"File exists|Not a directory"):
+        copy()
     assert sorted(str(p.relative_to(lake)) for p in lake.rglob("*.parquet")) == []
     for table in tables:
         for kind in table.kinds():
             assert DeltaTarget(table.path(pipeline.layout, kind)).table() is None
     # and with the way clear, the copy writes every table
     blocked.unlink()
-    result = write_snapshot(
-        spark,
-        reader,
-        pipeline.layout,
-        tables,
-        {t.table_id: table_column(t.schema, t.name) for t in tables},
-        consistent_point=reader.consistent_point,
-        started_at=STARTED_AT,
-        app_id="test-snapshot",
-        generation=1,
-    )
+    result = copy()
     for table in tables:
         rows = result.rows[table.table_id]
         assert rows > 0

@@ -1058,7 +1058,9 @@ def _same_value(got: Any, want: Any) -> bool:
     return bool(got == want)
 
 
-def test_real_server_changes_typed(pg: PgDatabase) -> None:
+def _wide_table(pg: PgDatabase) -> str:
+    """Table ``wide`` (a column of each of SERVER_COLUMNS) in publication ``pub`` with slot
+    ``s``, and its three inserts (the two rows of values, one of NULLs); its column list."""
     names = ", ".join(name for name, *_ in SERVER_COLUMNS)
     columns = ", ".join(f"{name} {sqltype}" for name, sqltype, _ in SERVER_COLUMNS)
     pg.execute(f"CREATE TABLE wide (id integer PRIMARY KEY, {columns})")
@@ -1068,6 +1070,11 @@ def test_real_server_changes_typed(pg: PgDatabase) -> None:
         values = ", ".join(values[row_id - 1] for _, _, values in SERVER_COLUMNS)
         pg.execute(f"INSERT INTO wide (id, {names}) VALUES ({row_id}, {values})")  # noqa: S608
     pg.execute("INSERT INTO wide (id) VALUES (3)")
+    return names
+
+
+def test_real_server_changes_typed(pg: PgDatabase) -> None:
+    names = _wide_table(pg)
     with pg.connect() as conn:
         conn.execute("SET extra_float_digits = 3")  # psycopg reads floats at full precision
         server = conn.execute(f"SELECT id, {names} FROM wide ORDER BY id").fetchall()  # noqa: S608
@@ -1307,15 +1314,7 @@ def test_copy_value_errors_name_the_row_and_column_and_never_the_value() -> None
 
 
 def test_real_server_copy_gives_the_values_of_its_stream(pg: PgDatabase) -> None:
-    names = ", ".join(name for name, *_ in SERVER_COLUMNS)
-    columns = ", ".join(f"{name} {sqltype}" for name, sqltype, _ in SERVER_COLUMNS)
-    pg.execute(f"CREATE TABLE wide (id integer PRIMARY KEY, {columns})")
-    pg.execute("CREATE PUBLICATION pub FOR TABLE wide")
-    pg.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
-    for row_id in (1, 2):
-        values = ", ".join(values[row_id - 1] for _, _, values in SERVER_COLUMNS)
-        pg.execute(f"INSERT INTO wide (id, {names}) VALUES ({row_id}, {values})")  # noqa: S608
-    pg.execute("INSERT INTO wide (id) VALUES (3)")
+    names = _wide_table(pg)
     with pg.connect() as conn:
         stream = _slot_messages(conn, "s", binary=True, peek=False)
         with conn.cursor().copy(
