@@ -24,7 +24,7 @@ from pgcdc.lake.snapshot import (
     write_snapshot,
 )
 from pgcdc.lake.writer import DeltaTarget, cast_to, nullable_schema
-from pgcdc.spark import read_snapshot, snapshot_reader, table_column
+from pgcdc.spark import read_snapshot, snapshot_options, snapshot_reader, table_column
 from tests.fix_pg import PgDatabase
 from tests.lake.test_pipeline import make_config
 from tests.lake.workload import SCHEMA, TABLES, Workload
@@ -62,7 +62,7 @@ def test_arrow_rows_are_the_rows_snapshot_rows_gives_in_spark(
     pg.execute("INSERT INTO full_t VALUES (-1, 'x', 1.5), (-2, NULL, NULL), (-2, NULL, NULL)")
     pipeline = _plan(pg, spark, tmp_path / "lake")
     assert pipeline.plan is not None
-    reader = snapshot_reader(pg.dsn(), tables=list(TABLES))
+    reader = snapshot_reader(snapshot_options(pg.dsn(), tables=list(TABLES)))
     point = reader.consistent_point
     df = read_snapshot(spark, pg.dsn(), tables=list(TABLES), consistentPoint=str(point))
     batches = [batch for p in reader.partitions() for batch in reader.read(p)]
@@ -111,7 +111,7 @@ def test_a_failed_copy_leaves_no_files_and_commits_nothing(
     blocked = pipeline.plan.table("public.kv").path(pipeline.layout, "changelog")
     blocked.parent.mkdir(parents=True, exist_ok=True)
     blocked.write_text("in the way")
-    reader = snapshot_reader(pg.dsn(), tables=list(TABLES), partitionsPerTable=2)
+    reader = snapshot_reader(snapshot_options(pg.dsn(), tables=list(TABLES), partitionsPerTable=2))
 
     def copy() -> SnapshotResult:
         return write_snapshot(

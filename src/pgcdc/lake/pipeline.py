@@ -497,7 +497,7 @@ class Pipeline:
                 extra={"publication": source.publication},
             )
         started = time.monotonic()
-        from pgcdc.spark import snapshot_reader
+        from pgcdc.spark import snapshot_options, snapshot_reader
 
         with create_slot_with_snapshot(
             dsn, source.slot, connect_timeout=source.connect_timeout
@@ -527,7 +527,9 @@ class Pipeline:
                 options["partitionsPerTable"] = partitions
             try:
                 reader = snapshot_reader(
-                    dsn, exported=exported, publications=[source.publication], **options
+                    snapshot_options(
+                        dsn, exported=exported, publications=[source.publication], **options
+                    )
                 )
                 snapshot = write_snapshot(
                     spark,

@@ -489,13 +489,8 @@ def write_snapshot(
         log.info("snapshot at %s: %s rows read from the source", consistent_point, total)
         if on_progress is not None:
             on_progress(None, total)
-        for table in tables:
-            relid = next(
-                relid
-                for relid, found in outputs.items()
-                if found and found[0].table_id == table.table_id
-            )
-            for output in outputs[relid]:
+        for table, found in zip(tables, outputs.values(), strict=True):  # in tables' order
+            for output in found:
                 written = by_output.get((output.table_id, output.kind), [])
                 target = DeltaTarget(output.directory)
                 Path(output.directory).mkdir(parents=True, exist_ok=True)

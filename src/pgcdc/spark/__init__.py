@@ -26,7 +26,8 @@ Public API:
 * ``spark_session(master="local[2]", app_name="pgcdc", conf=None)``;
 * ``read_stream(spark, dsn, slot, publications, **options)``,
   ``read_snapshot(spark, dsn, exported=..., publications=..., tables=..., row_filters=...)``,
-  ``snapshot_reader(dsn, ...)`` (the same snapshot's reader, to run its partitions yourself);
+  ``snapshot_reader(snapshot_options(dsn, ...))`` (the same snapshot's reader, to run its
+  partitions yourself);
 * ``table_column(schema, table)``, ``parse_table_column(name)``, ``table_changes(df, table)``,
   ``METADATA_COLUMNS``;
 * ``SchemaChanged``, ``is_schema_changed``, ``SparkSourceError``, ``OptionError``.
@@ -46,6 +47,7 @@ from pgcdc.spark.session import (
     read_snapshot,
     read_stream,
     register,
+    snapshot_options,
     snapshot_reader,
     spark_session,
     table_changes,
@@ -64,6 +66,7 @@ __all__ = [
     "read_snapshot",
     "read_stream",
     "register",
+    "snapshot_options",
     "snapshot_reader",
     "spark_session",
     "table_changes",

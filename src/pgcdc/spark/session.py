@@ -180,35 +180,20 @@ def read_snapshot(
     return spark.read.format("pgcdc").options(**texts).load()
 
 
-def snapshot_reader(
-    dsn: str,
-    *,
-    exported: ExportedSnapshot | None = None,
-    publications: Iterable[str] = (),
-    tables: Iterable[str | tuple[str, str]] = (),
-    row_filters: Mapping[str, str | list[str]] | None = None,
-    **options: Any,
-) -> PgcdcSnapshotReader:
-    """The snapshot reader ``read_snapshot``'s DataFrame reads through, for callers that run its
-    partitions themselves (``partitions()``, then ``read(partition)`` on executors: Arrow record
-    batches of ``arrow_output_schema(reader.schema)``), as the lake's initial copy does to write
-    Parquet files in the same task that decodes the rows. Reads the catalog now."""
+def snapshot_reader(options: Mapping[str, str]) -> PgcdcSnapshotReader:
+    """The snapshot reader a ``spark.read.format("pgcdc")`` with these ``options`` (say from
+    ``snapshot_options``) reads through, for callers that run its partitions themselves
+    (``partitions()``, then ``read(partition)`` on executors: Arrow record batches of
+    ``arrow_output_schema(reader.schema)``), as the lake's initial copy does to write Parquet
+    files in the same task that decodes the rows. Reads the catalog now."""
     from pgcdc.spark.options import snapshot_settings, type_choices
     from pgcdc.spark.schema import source_schema
     from pgcdc.spark.snapshot import PgcdcSnapshotReader
     from pgcdc.spark.source import load_source_catalog
 
-    texts = snapshot_options(
-        dsn,
-        exported=exported,
-        publications=publications,
-        tables=tables,
-        row_filters=row_filters,
-        **options,
-    )
-    settings = snapshot_settings(texts)
-    catalog = load_source_catalog(texts)
-    schema = source_schema(catalog, type_choices(texts))
+    settings = snapshot_settings(options)
+    catalog = load_source_catalog(options)
+    schema = source_schema(catalog, type_choices(options))
     point = PgcdcSnapshotReader.resolve_consistent_point(settings)
     return PgcdcSnapshotReader(settings, catalog, schema, point)
 
@@ -222,7 +207,8 @@ def snapshot_options(
     row_filters: Mapping[str, str | list[str]] | None = None,
     **options: Any,
 ) -> dict[str, str]:
-    """The ``pgcdc`` source's options (text) for a snapshot read."""
+    """The ``pgcdc`` source's options (text) for a snapshot read (``read_snapshot``'s
+    parameters)."""
     import json
 
     texts = {"dsn": dsn}
