@@ -133,6 +133,11 @@ def test_least_privilege_role_runs_end_to_end(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     config = write_config(tmp_path, auth_server, "pgcdc", PASSWORD)
+    # the test session quiets py4j (fix_spark); here the command must do it itself: at DEBUG,
+    # py4j logs every command it sends to the JVM, the source's DSN with its password included
+    py4j = logging.getLogger("py4j")
+    py4j_level = py4j.level
+    py4j.setLevel(logging.NOTSET)
     try:
         code, out = run(config, capsys, "--until-caught-up", "--verify")
         assert code == 0, out
@@ -149,6 +154,7 @@ def test_least_privilege_role_runs_end_to_end(
         no_password_anywhere(out + out2 + out3 + caplog.text, tmp_path / "lake")
         assert any(r.levelno == logging.DEBUG for r in caplog.records)  # DEBUG was on
     finally:
+        py4j.setLevel(py4j_level)
         with psycopg.connect(auth_server.dsn("shopdb"), autocommit=True) as conn:
             drop_slots(conn)
 

@@ -36,6 +36,11 @@ COMMANDS = ("tail", "run", "status", "drop", "demo")
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
+#: Libraries whose logs stay at WARNING whatever ``--log-level`` says: py4j logs every command
+#: it sends to Spark's JVM at DEBUG, options (a DSN's password) and literals (row values)
+#: included, and its callback server's every call at INFO.
+QUIET_LOGGERS = ("py4j",)
+
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     parser = argparse.ArgumentParser(
@@ -87,6 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(args.log_level)
+    quiet = {name: logging.getLogger(name) for name in QUIET_LOGGERS}
+    quiet_levels = {name: logger.level for name, logger in quiet.items()}
+    for logger in quiet.values():
+        if logger.getEffectiveLevel() < logging.WARNING:
+            logger.setLevel(logging.WARNING)
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:
@@ -100,3 +110,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         for old in replaced:
             root.addHandler(old)
         root.setLevel(level)
+        for name, logger in quiet.items():
+            logger.setLevel(quiet_levels[name])

@@ -66,18 +66,32 @@ EV_NEW = "__ev_new"
 EV_UNCHANGED = "__ev_unchanged"
 
 
-#: Column expressions per Spark session (weakly held) and key; see ``expressions``
+#: Column expressions per Spark context (or Connect session; weakly held) and key; see
+#: ``expressions``
 _EXPRESSIONS: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
 
 
-def expressions(df: Any, key: Hashable, build: Callable[[], _T]) -> _T:
-    """``build()``, made once per Spark session and ``key``: the Column expressions of a
-    table's batches depend only on its schema and a few flags, and building them costs a py4j
-    round trip per function call (about as long as the batch's overview job, for a small batch
-    of a ten-column table). ``key`` must hold everything ``build`` depends on."""
+def _expressions_owner(df: Any) -> Any:
+    """What ``df``'s Column expressions stay valid with: its SparkContext (the JVM's columns),
+    not its SparkSession, since ``foreachBatch`` hands every micro-batch a new Python session
+    object wrapping the stream's JVM session (a cache per session object never hit). Spark
+    Connect has no SparkContext: its session."""
+    session = df.sparkSession
     try:
-        cache = _EXPRESSIONS.setdefault(df.sparkSession, {})
-    except TypeError:  # a session that cannot be weakly referenced: build every time
+        return session.sparkContext
+    except Exception:  # Spark Connect: PySparkNotImplementedError
+        return session
+
+
+def expressions(df: Any, key: Hashable, build: Callable[[], _T]) -> _T:
+    """``build()``, made once per Spark context and ``key``: the Column expressions of a
+    table's batches depend only on its schema and a few flags (they are unresolved: each query
+    resolves them with its own session), and building them costs a py4j round trip per
+    function call (for a small batch of a ten-column table, more than half of the batch's
+    time on the driver). ``key`` must hold everything ``build`` depends on."""
+    try:
+        cache = _EXPRESSIONS.setdefault(_expressions_owner(df), {})
+    except TypeError:  # an owner that cannot be weakly referenced: build every time
         return build()
     if key not in cache:
         cache[key] = build()

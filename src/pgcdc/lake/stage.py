@@ -187,14 +187,11 @@ def _classes() -> type[Any]:
     return StageSource
 
 
-_registered: set[int] = set()
-
-
 def _register(spark: Any) -> None:
-    if id(spark) in _registered:
-        return
+    """Register the staging data source with ``spark``'s JVM session, every time: a
+    ``foreachBatch`` batch's Python session is a new object each batch (so no Python-side
+    memo can say which JVM sessions have it), and staging is for large batches only."""
     spark.dataSource.register(_classes())
-    _registered.add(id(spark))
 
 
 @dataclass(frozen=True, slots=True)
