@@ -15,6 +15,8 @@ crash seen with ``DeltaTable.to_pyarrow_table``.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import unquote
@@ -136,31 +138,90 @@ def nullable_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, nullable_type(f.type), True) for f in schema])
 
 
+#: Loaded Delta tables by path, with the identity of the table they were loaded from (see
+#: ``_identity``), kept across ``DeltaTarget`` objects: a micro-batch's targets are new objects,
+#: and loading a table replays its log (tens of milliseconds for a few dozen commits, several
+#: times per batch) where ``update_incremental`` reads only the commits since. Per thread, so
+#: that no DeltaTable is ever used by two threads at once (a query's batches run in one).
+_LOADED = threading.local()
+
+
+def _loaded() -> dict[Path, tuple[DeltaTable, tuple[int, int, int]]]:
+    tables: dict[Path, tuple[DeltaTable, tuple[int, int, int]]] | None = getattr(
+        _LOADED, "tables", None
+    )
+    if tables is None:
+        tables = _LOADED.tables = {}
+    return tables
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """What tells a table from another one created at the same path later: its first commit
+    file's device, inode and modification time (None once log clean-up removed it; then the
+    table is loaded afresh every time)."""
+    try:
+        st = os.stat(path / "_delta_log" / "00000000000000000000.json")
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
+
+
 class DeltaTarget:
     """One Delta table at ``path`` (which need not exist yet)."""
 
-    __slots__ = ("_table", "path")
+    __slots__ = ("_table", "_txn", "path")
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self._table: DeltaTable | None = None
+        #: application transaction versions read at one table version: (version, {app id: v})
+        self._txn: tuple[int, dict[str, int | None]] = (-1, {})
 
     @property
     def uri(self) -> str:
         return str(self.path)
 
     def table(self, *, refresh: bool = True) -> DeltaTable | None:
-        """The Delta table, or None if there is none at the path yet."""
+        """The Delta table, or None if there is none at the path yet; with ``refresh``, at its
+        latest version (brought up to date incrementally when it was loaded before)."""
         if self._table is not None and not refresh:
             return self._table
         if not (self.path / "_delta_log").is_dir():
             self._table = None
             return None
+        identity = _identity(self.path)
+        cache = _loaded()
+        loaded = cache.get(self.path)
+        if loaded is not None and identity is not None and loaded[1] == identity:
+            try:
+                loaded[0].update_incremental()
+            except Exception as exc:  # the log changed under it: load it afresh
+                log.debug("%s: reloading the Delta table (%s)", self.path, type(exc).__name__)
+            else:
+                self._table = loaded[0]
+                return self._table
+        cache.pop(self.path, None)
+        self._txn = (-1, {})
         try:
             self._table = DeltaTable(self.uri)
         except TableNotFoundError:
             self._table = None
+            return None
+        if identity is not None:
+            cache[self.path] = (self._table, identity)
         return self._table
+
+    def _transaction_version(self, table: DeltaTable, app_id: str) -> int | None:
+        """``table.transaction_version(app_id)``, read once per table version (it scans the
+        log's transactions: about 20 ms)."""
+        version = int(table.version())
+        if self._txn[0] != version:
+            self._txn = (version, {})
+        known = self._txn[1]
+        if app_id not in known:
+            done = table.transaction_version(app_id)
+            known[app_id] = None if done is None else int(done)
+        return known[app_id]
 
     def exists(self) -> bool:
         return self.table() is not None
@@ -174,16 +235,16 @@ class DeltaTarget:
         table = self.table()
         if table is None:
             return False
-        done = table.transaction_version(app_id)
-        return done is not None and int(done) >= version
+        done = self._transaction_version(table, app_id)
+        return done is not None and done >= version
 
     def chunk_applied(self, app_id: str, version: int, chunk: int) -> bool:
         """Whether chunk ``chunk`` of batch ``version`` (or anything later) is in the table."""
         table = self.table()
         if table is None:
             return False
-        done = table.transaction_version(chunk_app_id(app_id))
-        return done is not None and int(done) >= version * CHUNK_BASE + chunk
+        done = self._transaction_version(table, chunk_app_id(app_id))
+        return done is not None and done >= version * CHUNK_BASE + chunk
 
     def partial_chunks(self, app_id: str, version: int) -> tuple[int, str] | None:
         """The chunk count and split an interrupted attempt at batch ``version`` committed its
@@ -193,8 +254,8 @@ class DeltaTarget:
         table = self.table()
         if table is None:
             return None
-        done = table.transaction_version(chunk_app_id(app_id))
-        if done is None or int(done) // CHUNK_BASE != version or self.applied(app_id, version):
+        done = self._transaction_version(table, chunk_app_id(app_id))
+        if done is None or done // CHUNK_BASE != version or self.applied(app_id, version):
             return None
         for commit in table.history(1000):
             meta = commit.get("pgcdc")
