@@ -189,6 +189,15 @@ class DeltaTarget:
         if not (self.path / "_delta_log").is_dir():
             self._table = None
             return None
+        table = self._load()
+        if table is not self._table:  # another table object: its transactions are unread
+            self._txn = (-1, {})
+        self._table = table
+        return table
+
+    def _load(self) -> DeltaTable | None:
+        """The table at its latest version: the thread's loaded table brought up to date when
+        it is still the table at the path, else loaded afresh."""
         identity = _identity(self.path)
         cache = _loaded()
         loaded = cache.get(self.path)
@@ -198,18 +207,15 @@ class DeltaTarget:
             except Exception as exc:  # the log changed under it: load it afresh
                 log.debug("%s: reloading the Delta table (%s)", self.path, type(exc).__name__)
             else:
-                self._table = loaded[0]
-                return self._table
+                return loaded[0]
         cache.pop(self.path, None)
-        self._txn = (-1, {})
         try:
-            self._table = DeltaTable(self.uri)
+            table = DeltaTable(self.uri)
         except TableNotFoundError:
-            self._table = None
             return None
         if identity is not None:
-            cache[self.path] = (self._table, identity)
-        return self._table
+            cache[self.path] = (table, identity)
+        return table
 
     def _transaction_version(self, table: DeltaTable, app_id: str) -> int | None:
         """``table.transaction_version(app_id)``, read once per table version (it scans the
