@@ -136,7 +136,15 @@ def remove_tables(layout: LakeLayout, tables: Sequence[LakeTable]) -> None:
 
 
 #: What each copy task reports: one row per Parquet file written.
-_FILES_SCHEMA = "table_id string, kind string, path string, size long, rows long"
+_FILES = pa.schema(
+    [
+        ("table_id", pa.string()),
+        ("kind", pa.string()),
+        ("path", pa.string()),
+        ("size", pa.int64()),
+        ("rows", pa.int64()),
+    ]
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,27 +207,21 @@ class SnapshotTask:
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(outputs[i].directory, name))
             raise
-        report: dict[str, list[Any]] = {k: [] for k in ("table_id", "kind", "path", "size", "rows")}
+        report = []
         for i, (name, writer) in writers.items():
             writer.close()
             output = outputs[i]
-            report["table_id"].append(output.table_id)
-            report["kind"].append(output.kind)
-            report["path"].append(name)
-            report["size"].append(os.path.getsize(os.path.join(output.directory, name)))
-            report["rows"].append(rows[i])
-        return pa.RecordBatch.from_pydict(
-            report,
-            schema=pa.schema(
-                [
-                    ("table_id", pa.string()),
-                    ("kind", pa.string()),
-                    ("path", pa.string()),
-                    ("size", pa.int64()),
-                    ("rows", pa.int64()),
-                ]
-            ),
-        )
+            size = os.path.getsize(os.path.join(output.directory, name))
+            report.append(
+                {
+                    "table_id": output.table_id,
+                    "kind": output.kind,
+                    "path": name,
+                    "size": size,
+                    "rows": rows[i],
+                }
+            )
+        return pa.RecordBatch.from_pylist(report, schema=_FILES)
 
 
 def arrow_rows(
@@ -400,8 +402,10 @@ def _run(spark: Any, task: SnapshotTask) -> list[Any]:
         def name(cls) -> str:
             return name
 
-        def schema(self) -> str:
-            return _FILES_SCHEMA
+        def schema(self) -> Any:
+            from pyspark.sql.pandas.types import from_arrow_schema
+
+            return from_arrow_schema(_FILES)
 
         def reader(self, schema: Any) -> DataSourceReader:
             return CopyReader()
