@@ -92,9 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(args.log_level)
-    quiet = {name: logging.getLogger(name) for name in QUIET_LOGGERS}
-    quiet_levels = {name: logger.level for name, logger in quiet.items()}
-    for logger in quiet.values():
+    quiet = {logger: logger.level for logger in map(logging.getLogger, QUIET_LOGGERS)}
+    for logger in quiet:
         if logger.getEffectiveLevel() < logging.WARNING:
             logger.setLevel(logging.WARNING)
     try:
@@ -110,5 +109,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         for old in replaced:
             root.addHandler(old)
         root.setLevel(level)
-        for name, logger in quiet.items():
-            logger.setLevel(quiet_levels[name])
+        for logger, previous in quiet.items():
+            logger.setLevel(previous)

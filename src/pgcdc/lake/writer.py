@@ -143,16 +143,12 @@ def nullable_schema(schema: pa.Schema) -> pa.Schema:
 #: and loading a table replays its log (tens of milliseconds for a few dozen commits, several
 #: times per batch) where ``update_incremental`` reads only the commits since. Per thread, so
 #: that no DeltaTable is ever used by two threads at once (a query's batches run in one).
-_LOADED = threading.local()
+class _Loaded(threading.local):
+    def __init__(self) -> None:
+        self.tables: dict[Path, tuple[DeltaTable, tuple[int, int, int]]] = {}
 
 
-def _loaded() -> dict[Path, tuple[DeltaTable, tuple[int, int, int]]]:
-    tables: dict[Path, tuple[DeltaTable, tuple[int, int, int]]] | None = getattr(
-        _LOADED, "tables", None
-    )
-    if tables is None:
-        tables = _LOADED.tables = {}
-    return tables
+_LOADED = _Loaded()
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
@@ -199,7 +195,7 @@ class DeltaTarget:
         """The table at its latest version: the thread's loaded table brought up to date when
         it is still the table at the path, else loaded afresh."""
         identity = _identity(self.path)
-        cache = _loaded()
+        cache = _LOADED.tables
         loaded = cache.get(self.path)
         if loaded is not None and identity is not None and loaded[1] == identity:
             try:
