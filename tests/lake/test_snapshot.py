@@ -2,7 +2,8 @@
 
 * the Arrow rows the copy tasks write (``arrow_rows``) are exactly the rows ``snapshot_rows``
   gives in Spark, for the mirror, the history and the changelog of tables of every column type;
-* a copy that fails leaves no Parquet file behind and commits nothing.
+* a copy that fails leaves no Parquet file behind and commits nothing, whether its tasks run as
+  an RDD's (a classic session) or as a Python data source's read (Spark Connect).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from pgcdc.lake import snapshot
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.snapshot import (
     SnapshotResult,
@@ -97,9 +99,12 @@ def test_arrow_rows_are_the_rows_snapshot_rows_gives_in_spark(
     assert compared == 8  # three mirrors, two histories, three changelogs
 
 
+@pytest.mark.parametrize("runner", ["rdd", "data source"])
 def test_a_failed_copy_leaves_no_files_and_commits_nothing(
-    pg: PgDatabase, spark: Any, tmp_path: Path
+    pg: PgDatabase, spark: Any, tmp_path: Path, runner: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if runner == "data source":  # the tasks as Spark Connect runs them (it has no RDDs)
+        monkeypatch.setattr(snapshot, "_spark_context", lambda spark: None)
     pg.execute(SCHEMA)
     Workload(pg.dsn(), seed=pg.major).run(10)
     pg.execute("INSERT INTO full_t VALUES (-1, 'x', 1.5)")

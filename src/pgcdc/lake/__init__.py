@@ -67,10 +67,34 @@ Entry points: ``config.load_config`` (``pipeline.toml``), ``pipeline.Pipeline`` 
 ``foreachBatch`` function).
 """
 
-from pgcdc.lake.config import ConfigError, PipelineConfig, load_config, parse_config
-from pgcdc.lake.pipeline import Pipeline, PipelineError, RunResult
-from pgcdc.lake.tables import LakeLayout, LakeTable, encode_name
-from pgcdc.lake.verify import TableCheck, compare_tables
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pgcdc.lake.config import ConfigError, PipelineConfig, load_config, parse_config
+    from pgcdc.lake.pipeline import Pipeline, PipelineError, RunResult
+    from pgcdc.lake.tables import LakeLayout, LakeTable, encode_name
+    from pgcdc.lake.verify import TableCheck, compare_tables
+
+#: The public names, imported when first used: Spark's Python workers unpickle the copy and
+#: staging tasks of ``pgcdc.lake`` modules, and need neither the pipeline nor its
+#: configuration (pydantic), which would add about a second to every worker's start.
+_EXPORTS = {
+    "ConfigError": "pgcdc.lake.config",
+    "LakeLayout": "pgcdc.lake.tables",
+    "LakeTable": "pgcdc.lake.tables",
+    "Pipeline": "pgcdc.lake.pipeline",
+    "PipelineConfig": "pgcdc.lake.config",
+    "PipelineError": "pgcdc.lake.pipeline",
+    "RunResult": "pgcdc.lake.pipeline",
+    "TableCheck": "pgcdc.lake.verify",
+    "compare_tables": "pgcdc.lake.verify",
+    "encode_name": "pgcdc.lake.tables",
+    "load_config": "pgcdc.lake.config",
+    "parse_config": "pgcdc.lake.config",
+}
 
 __all__ = [
     "ConfigError",
@@ -86,3 +110,12 @@ __all__ = [
     "load_config",
     "parse_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pgcdc.lake' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -223,6 +223,11 @@ class SnapshotTask:
             )
         return pa.RecordBatch.from_pylist(report, schema=_FILES)
 
+    def run(self, indexes: Iterable[int]) -> Iterator[dict[str, Any]]:
+        """Copy the partitions ``indexes`` (an RDD partition's elements); a dict per file."""
+        for index in indexes:
+            yield from self.copy(index).to_pylist()
+
 
 def arrow_rows(
     batch: pa.RecordBatch,
@@ -375,15 +380,37 @@ def snapshot_outputs(
     return outputs
 
 
-#: The copy's data source is registered under this name and the copy's tag (one per copy, so
-#: that copies running at the same time on one session never run each other's tasks).
+#: Under Spark Connect (no SparkContext), the copy's tasks are the reads of a Python data source
+#: registered under this name and the copy's tag (one per copy, so that copies running at the
+#: same time on one session never run each other's tasks).
 SOURCE_NAME = "pgcdc_lake_snapshot"
+
+
+def _spark_context(spark: Any) -> Any:
+    """The session's SparkContext; None under Spark Connect (which has none)."""
+    try:
+        return spark.sparkContext
+    except Exception:  # Spark Connect: PySparkNotImplementedError
+        return None
 
 
 def _run(spark: Any, task: SnapshotTask) -> list[Any]:
     """Run ``task`` on the executors, one Spark task per reader partition; the files' rows.
 
-    The tasks are a Python data source's read (``SOURCE_NAME`` and the copy's tag), registered
+    With a SparkContext, the tasks are an RDD's partitions: a first Python job costs Spark one
+    Python process (the executors' worker daemon, which the stream uses later anyway). Spark
+    Connect has no RDDs: there the tasks are a Python data source's read, for which Spark starts
+    a Python process per planning step (creating the source, planning its partitions) on top
+    of the executors' one, several seconds on a small machine."""
+    context = _spark_context(spark)
+    if context is None:
+        return _run_as_data_source(spark, task)
+    count = len(task.partitions)
+    return list(context.parallelize(range(count), count).mapPartitions(task.run).collect())
+
+
+def _run_as_data_source(spark: Any, task: SnapshotTask) -> list[Any]:
+    """``_run`` as a Python data source's read (``SOURCE_NAME`` and the copy's tag), registered
     with ``task`` inside its class: each partition's ``read`` copies its range and yields the
     files it wrote."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -417,10 +444,10 @@ def _run(spark: Any, task: SnapshotTask) -> list[Any]:
 def _wait_for_tasks(spark: Any, timeout: float = 60.0) -> None:
     """After a failed copy, wait (up to ``timeout`` seconds) until Spark no longer runs the
     copy's stage. Spark Connect sessions have no status tracker here."""
-    try:
-        tracker = spark.sparkContext.statusTracker()
-    except Exception:  # Spark Connect: no SparkContext
+    context = _spark_context(spark)
+    if context is None:
         return
+    tracker = context.statusTracker()
     deadline = time.monotonic() + timeout
     while tracker.getActiveStageIds() and time.monotonic() < deadline:
         time.sleep(0.2)
