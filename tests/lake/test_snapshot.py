@@ -2,6 +2,7 @@
 
 * the Arrow rows the copy tasks write (``arrow_rows``) are exactly the rows ``snapshot_rows``
   gives in Spark, for the mirror, the history and the changelog of tables of every column type;
+* only columns whose rows hold few distinct values are dictionary-encoded in the Parquet files;
 * a copy that fails leaves no Parquet file behind and commits nothing, whether its tasks run as
   an RDD's (a classic session) or as a Python data source's read (Spark Connect).
 """
@@ -21,6 +22,7 @@ from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.snapshot import (
     SnapshotResult,
     arrow_rows,
+    dictionary_columns,
     snapshot_outputs,
     snapshot_rows,
     write_snapshot,
@@ -146,3 +148,30 @@ def test_a_failed_copy_leaves_no_files_and_commits_nothing(
         for kind in table.kinds():
             target = DeltaTarget(table.path(pipeline.layout, kind))
             assert target.read().num_rows == rows, (table.table_id, kind)
+
+
+def test_only_columns_with_few_distinct_values_get_a_dictionary(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    n = 1000
+    table = pa.table(
+        {
+            "id": pa.array(range(n), pa.int64()),  # a key: every value distinct
+            "status": pa.array(["new", "paid", "sent"] * (n // 3) + ["new"], pa.string()),
+            "lsn": pa.repeat(pa.scalar(42, pa.int64()), n),  # a constant
+            "maybe": pa.nulls(n, pa.int32()),  # no values at all
+            "old": pa.array([{"a": i, "b": "x"} for i in range(n)]),
+            "tags": pa.array([["t"]] * n),
+        }
+    )
+    columns = dictionary_columns(table)
+    assert columns == ["status", "lsn", "old.a", "old.b", "tags.list.element"]
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, use_dictionary=columns)
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    dictionary = {
+        meta.column(i).path_in_schema
+        for i in range(meta.num_columns)
+        if any("DICTIONARY" in e for e in meta.column(i).encodings)
+    }
+    assert dictionary == set(columns)

@@ -30,7 +30,7 @@ from pgcdc.spark.options import (
 )
 from pgcdc.spark.schema import parse_table_column, table_column
 from pgcdc.spark.session import local_cores
-from pgcdc.spark.snapshot import copy_tuples, split_copy_tuples
+from pgcdc.spark.snapshot import _generate, copy_tuples, split_copy_tuples
 from pgcdc.spark.stream import MIN_SPLIT_BYTES, partition_target
 
 names = st.text(min_size=1, max_size=12).filter(lambda s: "\x00" not in s)
@@ -254,6 +254,45 @@ def test_copy_streams_that_are_damaged_are_refused():
             )
         assert (caught.value.row, caught.value.offset) == (2, 6)
         assert "'id'" in caught.value.reason
+
+
+def test_generate_yields_what_the_callback_gets_and_raises_what_run_raises():
+    def run(emit: Callable[[int], None]) -> None:
+        for i in range(50):
+            emit(i)
+
+    assert list(_generate(run)) == list(range(50))
+
+    def failing(emit: Callable[[int], None]) -> None:
+        emit(1)
+        raise CopyFormatError(3, 4, "bad value")
+
+    got: list[int] = []
+    with pytest.raises(CopyFormatError, match="bad value"):
+        for item in _generate(failing):
+            got.append(item)
+    assert got == [1]
+
+
+def test_closing_generate_stops_the_run_at_its_next_callback():
+    stopped: list[BaseException] = []
+    emitted = 0
+
+    def endless(emit: Callable[[int], None]) -> None:
+        nonlocal emitted
+        try:
+            while True:
+                emit(emitted)
+                emitted += 1
+        except BaseException as exc:
+            stopped.append(exc)
+            raise
+
+    items = _generate(endless, ahead=2)
+    assert [next(items) for _ in range(5)] == [0, 1, 2, 3, 4]
+    items.close()  # joins the thread: the run has ended by now
+    assert len(stopped) == 1 and type(stopped[0]).__name__ == "_Stopped"
+    assert emitted <= 5 + 2 + 1  # at most ``ahead`` items beyond those taken
 
 
 def test_schema_changed_is_recognised_through_wrapping():

@@ -19,20 +19,27 @@ consistent point, ``_position`` -1 (before any streamed change at the same LSN),
 ``_commit_time`` null. The COPY's tuples are decoded by the stream's columnar decoder
 (``ColumnarDecoder.decode_copy``: the COPY binary format and pgoutput's binary values are both
 the types' send functions), so both give exactly the same types and values. PostgreSQL sends
-each tuple in a CopyData message of its own, so tuples are framed vectorised, many at once
-(``copy_tuples``), and the row count is checked against the COPY's. Columns of types the codec
-does not know are copied as text.
+each tuple in a CopyData message of its own: psycopg2's C copy loop hands each one to
+``CopyTuples.write`` (``pgcdc.replication.copy``), which only collects them, and they are framed
+and decoded vectorised about 16 MB at a time; the row count is checked against the COPY's.
+Columns of types the codec does not know are copied as text.
+
+``PgcdcSnapshotReader.copy`` hands a partition's record batches to a callback as they are
+decoded (the lake's copy tasks write them to Parquet there); ``read``, the Data Source API's
+generator, runs ``copy`` in a thread a few batches ahead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import struct
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
-import psycopg
 import pyarrow as pa
 from psycopg import sql
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -44,6 +51,7 @@ from pgcdc.protocol.errors import CopyFormatError
 from pgcdc.protocol.messages import Column, Relation
 from pgcdc.protocol.values import TypeRegistry
 from pgcdc.replication import slot_info
+from pgcdc.replication.copy import CopyConnection, StatementError
 from pgcdc.replication.database import connect_sql
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog
 from pgcdc.spark.decode import ChangeDecoder, Label
@@ -102,6 +110,134 @@ def render_filter(text: str) -> str:
         ) from None
 
 
+class CopyTuples(Generic[_T]):
+    """A ``COPY ... TO STDOUT (FORMAT binary)`` stream, decoded about ``chunk_bytes`` at a time.
+
+    ``write`` takes each CopyData message's bytes as it comes (``CopyConnection.copy_out`` calls
+    it from C for every message: it only collects), ``close`` ends the stream. ``decode`` gets
+    lists of whole tuples (``ColumnarDecoder.decode_copy``'s input) and raises
+    ``CopyFormatError`` for an element that is not exactly one tuple; its results go to
+    ``emit``. The file header is checked and cut off the first block, the trailer checked and
+    dropped.
+
+    PostgreSQL sends every tuple in a CopyData message of its own, so the blocks go to
+    ``decode`` as they come; ``decode`` checks each one (vectorised). Should they not be one
+    tuple each (another server, a proxy), the blocks are cut into tuples here, one at a time,
+    from that list on.
+    """
+
+    __slots__ = (
+        "_aligned",
+        "_chunk_bytes",
+        "_decode",
+        "_done",
+        "_emit",
+        "_ended",
+        "_header",
+        "_ncols",
+        "_pending",
+        "_rest",
+        "_size",
+        "_started",
+    )
+
+    def __init__(
+        self,
+        ncols: int,
+        decode: Callable[[list[bytes]], _T],
+        emit: Callable[[_T], object],
+        *,
+        chunk_bytes: int = 16 << 20,
+    ) -> None:
+        self._ncols = ncols
+        self._decode = decode
+        self._emit = emit
+        self._chunk_bytes = chunk_bytes
+        self._pending: list[bytes] = []
+        self._size = 0
+        self._header = b""
+        self._started = False
+        self._aligned = True
+        self._done = 0  # tuples decoded
+        self._ended = False
+        self._rest = b""
+
+    def write(self, block: bytes) -> None:
+        self._pending.append(block)
+        self._size += len(block)
+        if self._size >= self._chunk_bytes:
+            self._flush()
+
+    def close(self) -> None:
+        self._flush()
+        if not self._ended:
+            raise SparkSourceError(
+                "COPY ended without its trailer"
+                + (" (in the middle of a tuple)" if self._rest else ""),
+                "see the server log; copy again",
+            )
+
+    def _flush(self) -> None:
+        pending, self._pending, self._size = self._pending, [], 0
+        if not self._started:
+            pending = self._after_header(pending)
+        if pending:
+            self._chunk(pending)
+
+    def _after_header(self, blocks: list[bytes]) -> list[bytes]:
+        """``blocks`` without the file header, once it is complete (kept until then)."""
+        for i, block in enumerate(blocks):
+            self._header += block
+            if len(self._header) < _HEADER.size:
+                continue
+            signature, _flags, extension = _HEADER.unpack_from(self._header)
+            if signature != _SIGNATURE:
+                raise SparkSourceError("COPY did not return its binary format", "report a bug")
+            if len(self._header) < _HEADER.size + extension:
+                continue
+            first = self._header[_HEADER.size + extension :]
+            self._started = True
+            self._header = b""
+            return ([first] if first else []) + blocks[i + 1 :]
+        return []
+
+    def _chunk(self, chunk: list[bytes]) -> None:
+        if self._ended:
+            if any(chunk):
+                raise SparkSourceError("COPY sent data after its trailer", "report a bug")
+            return
+        if self._aligned:
+            body = chunk
+            if chunk[-1] == _TRAILER:  # in whole tuples, only the trailer is this
+                body = chunk[:-1]
+            try:
+                result = self._decode(body) if body else None
+            except CopyFormatError as exc:
+                # blocks that are not one tuple each, or a bad value (which the sequential
+                # path then reports)
+                log.debug("COPY blocks refused (%s): cutting them into tuples one by one", exc)
+                self._aligned = False
+            else:
+                self._ended = body is not chunk
+                self._done += len(body)
+                if body:
+                    self._emit(result)  # type: ignore[arg-type]
+                return
+        data = self._rest + b"".join(chunk)
+        tuples, used, self._ended = split_copy_tuples(data, self._ncols)
+        left = data[used:]
+        if self._ended and left:
+            raise SparkSourceError("COPY sent data after its trailer", "report a bug")
+        self._rest = left
+        if tuples:
+            try:
+                decoded = self._decode(tuples)
+            except CopyFormatError as exc:  # numbered from the start of the COPY
+                raise CopyFormatError(self._done + exc.row, exc.offset, exc.reason) from None
+            self._done += len(tuples)
+            self._emit(decoded)
+
+
 def copy_tuples(
     blocks: Iterable[bytes],
     ncols: int,
@@ -109,88 +245,16 @@ def copy_tuples(
     *,
     chunk_bytes: int = 16 << 20,
 ) -> Iterator[_T]:
-    """Decode a ``COPY ... TO STDOUT (FORMAT binary)`` stream, about ``chunk_bytes`` at a time.
-
-    ``decode`` gets lists of whole tuples (``ColumnarDecoder.decode_copy``'s input) and raises
-    ``CopyFormatError`` for an element that is not exactly one tuple. The file header is checked
-    and cut off the first block, the trailer checked and dropped.
-
-    PostgreSQL sends every tuple in a CopyData message of its own, and the connection gives one
-    message per block, so the blocks go to ``decode`` as they come; ``decode`` checks each one
-    (vectorised). Should they not be one tuple each (another server, a proxy), the blocks are
-    cut into tuples here, one at a time, from that list on.
-    """
-    pending: list[bytes] = []
-    size = 0
-    header = b""
-    started = False
-    aligned = True
-    done = 0  # tuples decoded
-    ended = False
-    rest = b""
-
-    def emit(chunk: list[bytes]) -> Iterator[_T]:
-        nonlocal aligned, ended, rest, done
-        if ended:
-            if any(chunk):
-                raise SparkSourceError("COPY sent data after its trailer", "report a bug")
-            return
-        if aligned:
-            body = chunk
-            if chunk and chunk[-1] == _TRAILER:  # in whole tuples, only the trailer is this
-                body = chunk[:-1]
-            try:
-                results = [decode(body)] if body else []
-            except CopyFormatError as exc:
-                # blocks that are not one tuple each, or a bad value (which the sequential
-                # path then reports)
-                log.debug("COPY blocks refused (%s): cutting them into tuples one by one", exc)
-                aligned = False
-            else:
-                ended = body is not chunk
-                done += len(body)
-                yield from results
-                return
-        data = rest + b"".join(chunk)
-        tuples, used, ended = split_copy_tuples(data, ncols)
-        data_left = data[used:]
-        if ended and data_left:
-            raise SparkSourceError("COPY sent data after its trailer", "report a bug")
-        rest = data_left
-        if tuples:
-            try:
-                result = decode(tuples)
-            except CopyFormatError as exc:  # numbered from the start of the COPY
-                raise CopyFormatError(done + exc.row, exc.offset, exc.reason) from None
-            done += len(tuples)
-            yield result
-
-    for received in blocks:
-        block = received
-        if not started:
-            header += received
-            if len(header) < _HEADER.size:
-                continue
-            signature, _flags, extension = _HEADER.unpack_from(header)
-            if signature != _SIGNATURE:
-                raise SparkSourceError("COPY did not return its binary format", "report a bug")
-            if len(header) < _HEADER.size + extension:
-                continue
-            block = header[_HEADER.size + extension :]
-            started = True
-            if not block:
-                continue
-        pending.append(block)
-        size += len(block)
-        if size >= chunk_bytes:
-            yield from emit(pending)
-            pending, size = [], 0
-    yield from emit(pending)
-    if not ended:
-        raise SparkSourceError(
-            "COPY ended without its trailer" + (" (in the middle of a tuple)" if rest else ""),
-            "see the server log; copy again",
-        )
+    """``CopyTuples`` over an iterable of blocks: the decoded chunks, as they come."""
+    results: list[_T] = []
+    tuples = CopyTuples(ncols, decode, results.append, chunk_bytes=chunk_bytes)
+    for block in blocks:
+        tuples.write(block)
+        if results:
+            yield from results
+            results.clear()
+    tuples.close()
+    yield from results
 
 
 def split_copy_tuples(data: bytes, ncols: int) -> tuple[list[bytes], int, bool]:
@@ -338,6 +402,14 @@ class PgcdcSnapshotReader(DataSourceReader):
         return result
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The partition's record batches (the Data Source API's read): ``copy`` in a thread,
+        at most two batches ahead of the caller; closing the generator stops the copy."""
+        yield from _generate(lambda emit: self.copy(partition, emit))
+
+    def copy(self, partition: InputPartition, emit: Callable[[pa.RecordBatch], object]) -> int:
+        """Copy one partition, handing ``emit`` its record batches as they are decoded (about
+        16 MB of tuples each); the number of rows. An exception raised by ``emit`` ends the
+        copy and propagates."""
         if not isinstance(partition, SnapshotPartition):
             raise SparkSourceError(f"unexpected partition {partition!r}", "report a pgcdc bug")
         worker_logging()
@@ -357,10 +429,22 @@ class PgcdcSnapshotReader(DataSourceReader):
         )
         decoder.prelude([Encoder(1).encode(relation)])
         if not table.columns:
-            return
+            return 0
         label = Label(int(self.consistent_point), int(self.consistent_point), None, None)
         query = copy_query(table, partition, registry)
-        with connect_sql(self.settings.dsn) as conn:
+        texts = text_columns(table, registry)
+        rows = 0
+
+        def decode(tuples: list[bytes]) -> pa.RecordBatch | None:
+            return decoder.decode_copy(table.relid, tuples, label, texts)
+
+        def counted(batch: pa.RecordBatch | None) -> None:
+            nonlocal rows
+            if batch is not None:
+                rows += batch.num_rows
+                emit(batch)
+
+        with CopyConnection(self.settings.dsn) as conn:
             try:
                 conn.execute("BEGIN TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 if self.settings.snapshot:
@@ -370,26 +454,16 @@ class PgcdcSnapshotReader(DataSourceReader):
                         )
                     )
                     _check_not_rewritten(conn, table, self.settings.dsn)
-                texts = text_columns(table, registry)
-                rows = 0
-                with conn.cursor() as cursor:
-                    with cursor.copy(query) as copy:
-                        for batch in copy_tuples(
-                            _blocks(copy),
-                            len(table.columns),
-                            lambda tuples: decoder.decode_copy(table.relid, tuples, label, texts),
-                        ):
-                            if batch is not None:
-                                rows += batch.num_rows
-                                yield batch
-                    if cursor.rowcount >= 0 and cursor.rowcount != rows:
-                        raise SparkSourceError(
-                            f"COPY of {table.qualified} sent {cursor.rowcount} rows but "
-                            f"{rows} were read",
-                            "report a bug",
-                        )
+                tuples = CopyTuples(len(table.columns), decode, counted)
+                sent = conn.copy_out(query, tuples.write)
+                tuples.close()
+                if sent >= 0 and sent != rows:
+                    raise SparkSourceError(
+                        f"COPY of {table.qualified} sent {sent} rows but {rows} were read",
+                        "report a bug",
+                    )
                 conn.execute("COMMIT")
-            except psycopg.Error as exc:
+            except StatementError as exc:
                 raise _copy_error(exc, table, self.settings) from None
             except CopyFormatError as exc:
                 raise SparkSourceError(
@@ -401,6 +475,55 @@ class PgcdcSnapshotReader(DataSourceReader):
             partition.parts,
             table.qualified,
         )
+        return rows
+
+
+class _Stopped(Exception):
+    """The consumer of ``_generate`` went away: ends the producer's run."""
+
+
+def _generate(run: Callable[[Callable[[_T], None]], object], ahead: int = 2) -> Iterator[_T]:
+    """What ``run`` hands its callback, as a generator: ``run`` runs in a thread, at most
+    ``ahead`` items ahead of the caller; its exception is raised here; closing the generator
+    makes the callback raise (so ``run`` ends) and waits for the thread."""
+    items: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=ahead)
+    stop = threading.Event()
+
+    def put(item: tuple[bool, Any]) -> None:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def produce() -> None:
+        try:
+            run(lambda item: put((False, item)))
+        except _Stopped:
+            return
+        except BaseException as exc:
+            with contextlib.suppress(_Stopped):
+                put((True, exc))
+            return
+        with contextlib.suppress(_Stopped):
+            put((True, None))
+
+    thread = threading.Thread(target=produce, name="pgcdc-snapshot-copy", daemon=True)
+    thread.start()
+    try:
+        while True:
+            done, value = items.get()
+            if not done:
+                yield value
+                continue
+            if value is not None:
+                raise value
+            return
+    finally:
+        stop.set()
+        thread.join()
 
 
 #: Heap files (of the table, or of its partitions) replaced since the snapshot: pg_class as the
@@ -422,7 +545,7 @@ _COLUMNS_SQL = sql.SQL(
 )
 
 
-def _check_not_rewritten(conn: psycopg.Connection[Any], table: CatalogTable, dsn: str) -> None:
+def _check_not_rewritten(conn: CopyConnection, table: CatalogTable, dsn: str) -> None:
     """Fail if the table was rewritten by a column change (``ALTER TABLE ... TYPE``, a volatile
     ``DEFAULT``) after the snapshot: its rows would look deleted to the snapshot, the stream
     carries no changes for them, and a copy would silently miss them. The lock keeps it from
@@ -437,12 +560,12 @@ def _check_not_rewritten(conn: psycopg.Connection[Any], table: CatalogTable, dsn
     name = sql.Identifier(table.schema, table.name)
     conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(name))
     relid = sql.Literal(table.relid)
-    row = conn.execute(_REWRITTEN_SQL.format(relid=relid)).fetchone()
-    if row is None or not row[0]:
+    ((rewritten,),) = conn.execute(_REWRITTEN_SQL.format(relid=relid))
+    if not rewritten:
         return
-    then = conn.execute(_COLUMNS_SQL.format(relid=relid)).fetchall()
-    with connect_sql(dsn) as current:
-        now = current.execute(_COLUMNS_SQL.format(relid=relid)).fetchall()
+    then = [tuple(row) for row in conn.execute(_COLUMNS_SQL.format(relid=relid))]
+    with CopyConnection(dsn) as current:
+        now = [tuple(row) for row in current.execute(_COLUMNS_SQL.format(relid=relid))]
     if then == now:
         log.info(
             "%s was rewritten without column changes (TRUNCATE, VACUUM FULL, CLUSTER) after "
@@ -459,14 +582,14 @@ def _check_not_rewritten(conn: psycopg.Connection[Any], table: CatalogTable, dsn
     )
 
 
-def _blocks(copy: Any) -> Iterator[bytes]:
-    for block in copy:
-        yield bytes(block)
+#: SQLSTATEs of a COPY whose columns changed since the snapshot: undefined_column,
+#: datatype_mismatch
+_COLUMNS_CHANGED = frozenset({"42703", "42804"})
 
 
-def _copy_error(exc: psycopg.Error, table: CatalogTable, settings: SnapshotSettings) -> Exception:
-    text = str(exc).strip()
-    if isinstance(exc, psycopg.errors.UndefinedColumn | psycopg.errors.DatatypeMismatch):
+def _copy_error(exc: StatementError, table: CatalogTable, settings: SnapshotSettings) -> Exception:
+    text = exc.cause
+    if exc.sqlstate in _COLUMNS_CHANGED:
         return SparkSourceError(
             f"{table.qualified} {COLUMNS_CHANGED_MARKER} ({text})",
             "copy again with a new snapshot (pgcdc run does so by itself); avoid such DDL "
