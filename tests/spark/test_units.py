@@ -15,14 +15,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pgcdc.lsn import Lsn
 from pgcdc.protocol.columnar import ColumnarDecoder
 from pgcdc.protocol.encoder import Encoder
 from pgcdc.protocol.errors import CopyFormatError
 from pgcdc.protocol.messages import Column, Relation
 from pgcdc.spark import OptionError, SchemaChanged, SparkSourceError, is_schema_changed
+from pgcdc.spark.catalog import CatalogColumn, CatalogTable, SourceCatalog
 from pgcdc.spark.conform import conform
 from pgcdc.spark.index import TransactionIndex, TxnEntry
 from pgcdc.spark.options import (
+    SnapshotSettings,
     parse_qualified_names,
     parse_size,
     snapshot_settings,
@@ -30,7 +33,13 @@ from pgcdc.spark.options import (
 )
 from pgcdc.spark.schema import parse_table_column, table_column
 from pgcdc.spark.session import local_cores
-from pgcdc.spark.snapshot import _generate, copy_tuples, split_copy_tuples
+from pgcdc.spark.snapshot import (
+    PgcdcSnapshotReader,
+    SnapshotPartition,
+    _generate,
+    copy_tuples,
+    split_copy_tuples,
+)
 from pgcdc.spark.stream import MIN_SPLIT_BYTES, partition_target
 
 names = st.text(min_size=1, max_size=12).filter(lambda s: "\x00" not in s)
@@ -293,6 +302,23 @@ def test_closing_generate_stops_the_run_at_its_next_callback():
     items.close()  # joins the thread: the run has ended by now
     assert len(stopped) == 1 and type(stopped[0]).__name__ == "_Stopped"
     assert emitted <= 5 + 2 + 1  # at most ``ahead`` items beyond those taken
+
+
+def test_snapshot_partitions_come_largest_first_each_tables_in_page_order():
+    column = (CatalogColumn("id", 20, -1, "bigint", 0, True),)
+    small = CatalogTable(1, "public", "small", "d", column, pages=30, size_bytes=30 * 8192)
+    big = CatalogTable(2, "public", "big", "d", column, pages=100, size_bytes=100 * 8192)
+    catalog = SourceCatalog((small, big), (), 150000)
+    reader = PgcdcSnapshotReader(
+        SnapshotSettings("dbname=x", target_partition_bytes=40 * 8192), catalog, None, Lsn(1)
+    )
+    got = [
+        (p.relid, p.first_page, p.stop_page)
+        for p in reader.partitions()
+        if isinstance(p, SnapshotPartition)
+    ]
+    # big: 3 ranges of 34, 34 and 32 pages; small: one of 30 pages
+    assert got == [(2, None, 34), (2, 34, 68), (2, 68, None), (1, None, None)]
 
 
 def test_schema_changed_is_recognised_through_wrapping():

@@ -94,6 +94,13 @@ class SnapshotPartition(InputPartition):
     parts: int
 
 
+def _partition_pages(partition: SnapshotPartition, pages: int) -> int:
+    """The pages of ``partition``'s range in a table of ``pages`` pages (as planned)."""
+    first = partition.first_page or 0
+    stop = pages if partition.stop_page is None else partition.stop_page
+    return max(stop - first, 0)
+
+
 def render_filter(text: str) -> str:
     """A user's row filter, checked and printed by ``pgcdc.filters`` (when available)."""
     try:
@@ -375,7 +382,7 @@ class PgcdcSnapshotReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         settings = self.settings
-        result: list[InputPartition] = []
+        result: list[SnapshotPartition] = []
         for table in self.catalog.tables:
             pages = table.pages
             if settings.partitions_per_table is not None:
@@ -392,6 +399,11 @@ class PgcdcSnapshotReader(DataSourceReader):
             for k, first in enumerate(bounds):
                 stop = bounds[k + 1] if k + 1 < count else None
                 result.append(SnapshotPartition(table.relid, first if k else None, stop, k, count))
+        # largest first: Spark starts tasks in partition order, so a large table's ranges at
+        # the end would leave the other cores idle while they run (a stable sort keeps each
+        # table's ranges in page order)
+        sizes = {t.relid: max(t.pages, 1) for t in self.catalog.tables}
+        result.sort(key=lambda p: -_partition_pages(p, sizes[p.relid]))
         log.info(
             "snapshot of %d tables in %d partitions (snapshot %s, consistent point %s)",
             len(self.catalog.tables),
