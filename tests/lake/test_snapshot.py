@@ -20,6 +20,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pgcdc.lake import snapshot
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.snapshot import (
+    DICTIONARY_SAMPLE,
     SnapshotResult,
     arrow_rows,
     dictionary_columns,
@@ -175,3 +176,11 @@ def test_only_columns_with_few_distinct_values_get_a_dictionary(tmp_path: Path) 
         if any("DICTIONARY" in e for e in meta.column(i).encodings)
     }
     assert dictionary == set(columns)
+
+
+def test_dictionary_columns_are_judged_on_the_first_rows() -> None:
+    n = DICTIONARY_SAMPLE * 3
+    # two values in the sample, then every value distinct: judged on the sample alone
+    late = pa.array([i % 2 if i < DICTIONARY_SAMPLE else i for i in range(n)], pa.int64())
+    early = pa.array([i if i < DICTIONARY_SAMPLE else 0 for i in range(n)], pa.int64())
+    assert dictionary_columns(pa.table({"late": late, "early": early})) == ["late"]

@@ -66,6 +66,7 @@ from pgcdc.lake.writer import DeltaTarget, cast_to, nullable_schema
 from pgcdc.lsn import Lsn
 
 __all__ = [
+    "DICTIONARY_SAMPLE",
     "DICTIONARY_SHARE",
     "SnapshotOutput",
     "SnapshotResult",
@@ -240,21 +241,25 @@ class SnapshotTask:
             yield from self.copy(index).to_pylist()
 
 
-#: A column of a copy's Parquet files is dictionary-encoded when the first rows written hold at
-#: most this share of distinct values. Parquet writers try a dictionary for every column by
-#: default and fall back to plain values only once it outgrows its page (1 MB): for keys,
-#: timestamps and free text that costs a third of the writing time and gives larger files.
-DICTIONARY_SHARE = 0.1
+#: A column of a copy's Parquet files is dictionary-encoded when the first ``DICTIONARY_SAMPLE``
+#: rows written hold at most ``DICTIONARY_SHARE`` of distinct values. Parquet writers try a
+#: dictionary for every column by default and fall back to plain values only once it outgrows
+#: its page (1 MB): for keys, timestamps and free text that costs a third of the writing time
+#: and gives larger files. (Each record batch is written as its own row group, about 100,000
+#: rows, so a quarter of a sample distinct still makes a dictionary that fits its page.)
+DICTIONARY_SHARE = 0.25
+DICTIONARY_SAMPLE = 20_000
 
 
 def dictionary_columns(table: pa.Table) -> list[str]:
-    """The Parquet column paths of ``table``'s schema worth a dictionary, judged on its rows:
-    top-level columns with few distinct values, and every leaf of nested columns (Parquet's
-    default)."""
+    """The Parquet column paths of ``table``'s schema worth a dictionary, judged on its first
+    rows: top-level columns with few distinct values, and every leaf of nested columns
+    (Parquet's default)."""
     import pyarrow.compute as pc
 
+    sample = table.slice(0, DICTIONARY_SAMPLE)
     paths: list[str] = []
-    for field, column in zip(table.schema, table.columns, strict=True):
+    for field, column in zip(sample.schema, sample.columns, strict=True):
         if pa.types.is_nested(field.type):
             paths.extend(_leaf_paths(field.name, field.type))
             continue
