@@ -283,11 +283,12 @@ def test_options_validation() -> None:
 
 
 def test_connection_is_psycopg2_only_in_transport() -> None:
-    """Only the transport module imports psycopg2 (the rest of pgcdc never sees it)."""
+    """Only the transport module (the replication connection) and the copy module (COPY's C
+    loop) import psycopg2; the rest of pgcdc never sees it."""
     root = pathlib.Path(__file__).resolve().parents[2] / "src" / "pgcdc"
     importers = sorted(
         str(p.relative_to(root))
         for p in root.rglob("*.py")
         if "import psycopg2" in p.read_text() or "from psycopg2" in p.read_text()
     )
-    assert importers == ["replication/transport.py"]
+    assert importers == ["replication/copy.py", "replication/transport.py"]

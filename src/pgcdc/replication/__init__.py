@@ -7,7 +7,7 @@
 * ``create_slot`` / ``create_slot_with_snapshot`` / ``drop_slot`` / ``slot_info`` manage slots;
   ``create_publication`` / ``drop_publication`` / ``publication_info`` manage publications.
 * ``copy.CopyConnection`` reads a ``COPY ... TO STDOUT`` (the initial copy's tables) through a
-  callback called from psycopg2's C loop for every row.
+  callback that psycopg2's C loop calls for every row.
 * Every failure is a ``ReplicationError`` subclass naming the cause and the fix.
 
 Uses only ``pgcdc.protocol``'s layer and below; decodes nothing itself.
