@@ -58,10 +58,12 @@ LIMITS = {
         "session's runs (pgcdc 0.67x to 1.02x beside it)"
     ),
     "memory": (
-        "Spark itself, by process: the JVM grows to about 1.5 GB (1 GB default driver heap, "
-        "filled as the batch is persisted and reduced, then capped), Spark's Python workers to "
-        "about 1.25 GB (pyspark, pyarrow and pgcdc imported in each, then decoding and "
-        "staging), the driver to about 0.4 GB; a run with nothing to do takes 0.9 GB. So memory "
+        "Spark itself, by process: the JVM grows from 0.7 to about 1.5 GB (1 GB default driver "
+        "heap, filled as the batch is persisted and reduced, then capped), Spark's Python "
+        "workers from 0.7 to about 1.05 GB (pyspark, pyarrow and pgcdc imported in each, then "
+        "decoding and staging; 1.25 GB before this session, when every worker compiled its "
+        "modules from source and a copy or staging task imported the whole pipeline), the "
+        "driver to about 0.4 GB; a run with nothing to do takes 0.87 GB. So memory "
         "rises with the transaction up to about 200 MB of WAL and is flat beyond it: at scale "
         "0.5 (memory-scale0.5-streaming-on.json and -off.json), from 135 MB to 1,075 MB of WAL "
         "(119k to 949k rows), peak RSS goes from 2.7 to 3.1 GiB (1.17x) either way, the driver "
