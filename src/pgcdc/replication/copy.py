@@ -22,10 +22,10 @@ from typing import Any
 
 import psycopg2
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
-from pgcdc.replication.errors import ReplicationError, describe_server
+from pgcdc.replication.errors import ReplicationError, describe_server, dsn_user
 from pgcdc.replication.failures import classify
+from pgcdc.replication.transport import driver_message
 
 __all__ = ["CopyConnection", "StatementError"]
 
@@ -42,21 +42,8 @@ class StatementError(ReplicationError):
         return (type(self), (self.cause, self.sqlstate, self.lost))
 
 
-def _text(exc: BaseException) -> str:
-    text = " ".join((str(exc) or type(exc).__name__).split())
-    diag = getattr(exc, "diag", None)
-    detail = getattr(diag, "message_detail", None) if diag is not None else None
-    if detail and detail not in text:
-        text = f"{text} DETAIL: {detail}"
-    return text
-
-
-def _user(dsn: str) -> str | None:
-    try:
-        user = conninfo_to_dict(dsn).get("user")
-    except Exception:
-        return None
-    return str(user) if user else None
+def _text(statement: sql.Composable | str) -> str:
+    return statement if isinstance(statement, str) else statement.as_string()
 
 
 class CopyConnection:
@@ -70,10 +57,10 @@ class CopyConnection:
             self._conn: Any = psycopg2.connect(dsn, connect_timeout=max(1, round(connect_timeout)))
         except psycopg2.Error as exc:
             failure = classify(
-                _text(exc),
+                driver_message(exc),
                 getattr(exc, "pgcode", None),
                 server=describe_server(dsn),
-                user=_user(dsn),
+                user=dsn_user(dsn),
                 lost=True,
             )
             raise failure.error from None
@@ -84,13 +71,12 @@ class CopyConnection:
         lost = isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError) or bool(
             self._conn.closed
         )
-        return StatementError(_text(exc), getattr(exc, "pgcode", None), lost)
+        return StatementError(driver_message(exc), getattr(exc, "pgcode", None), lost)
 
     def execute(self, statement: sql.Composable | str) -> list[tuple[Any, ...]]:
         """Run one statement; its rows (none for a statement without a result)."""
-        text = statement if isinstance(statement, str) else statement.as_string()
         try:
-            self._cursor.execute(text)
+            self._cursor.execute(_text(statement))
             return list(self._cursor.fetchall()) if self._cursor.description else []
         except psycopg2.Error as exc:
             raise self._failed(exc) from None
@@ -98,10 +84,8 @@ class CopyConnection:
     def copy_out(self, statement: sql.Composable | str, write: Callable[[bytes], object]) -> int:
         """Run ``COPY ... TO STDOUT``: ``write`` gets each CopyData message's bytes, in order;
         the number of rows the server says it sent (-1 if it does not say)."""
-        text = statement if isinstance(statement, str) else statement.as_string()
-        sink = _Sink(write)
         try:
-            self._cursor.copy_expert(text, sink)
+            self._cursor.copy_expert(_text(statement), _Sink(write))
         except psycopg2.Error as exc:
             raise self._failed(exc) from None
         rows: int = self._cursor.rowcount

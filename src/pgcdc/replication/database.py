@@ -13,7 +13,7 @@ from typing import Any, NoReturn, TypeAlias
 
 import psycopg
 
-from pgcdc.replication.errors import describe_server
+from pgcdc.replication.errors import describe_server, dsn_user
 from pgcdc.replication.failures import classify
 
 __all__ = ["Connectable", "connect_sql", "raise_sql_error", "server_name", "sql_connection"]
@@ -29,11 +29,7 @@ def server_name(conn: psycopg.Connection[Any]) -> str:
 def _user(target: str | psycopg.Connection[Any]) -> str | None:
     if isinstance(target, psycopg.Connection):
         return target.info.user
-    try:
-        user = psycopg.conninfo.conninfo_to_dict(target).get("user")
-    except psycopg.Error:
-        return None
-    return str(user) if user else None
+    return dsn_user(target)
 
 
 def raise_sql_error(

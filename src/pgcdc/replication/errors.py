@@ -27,6 +27,7 @@ __all__ = [
     "SlotNotFoundError",
     "UnsupportedOptionError",
     "describe_server",
+    "dsn_user",
     "scrub_secrets",
 ]
 
@@ -63,6 +64,15 @@ def describe_server(dsn: str) -> str:
     user = params.get("user")
     text = where + (f"/{db}" if db else "") + (f" as user {user}" if user else "")
     return scrub_secrets(text)
+
+
+def dsn_user(dsn: str) -> str | None:
+    """The user name a connection string names, if any (None if it cannot be parsed)."""
+    try:
+        user = conninfo_to_dict(dsn).get("user")
+    except Exception:
+        return None
+    return str(user) if user else None
 
 
 class ReplicationError(Exception):

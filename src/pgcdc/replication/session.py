@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from types import TracebackType
 
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
 from pgcdc.lsn import Lsn
 from pgcdc.replication.database import connect_sql
@@ -43,6 +42,7 @@ from pgcdc.replication.errors import (
     ServerUnreachableError,
     SlotActiveError,
     describe_server,
+    dsn_user,
 )
 from pgcdc.replication.events import Idle, Reconnected, ReplicationEvent
 from pgcdc.replication.failures import classify
@@ -61,14 +61,6 @@ from pgcdc.replication.transport import (
 __all__ = ["ReplicationSession"]
 
 log = logging.getLogger("pgcdc.replication")
-
-
-def _dsn_user(dsn: str) -> str | None:
-    try:
-        user = conninfo_to_dict(dsn).get("user")
-    except Exception:
-        return None
-    return str(user) if user else None
 
 
 class _Retry(Exception):
@@ -141,7 +133,7 @@ class ReplicationSession:
         self.acknowledge = acknowledge
         self._factory = transport_factory
         self.server = describe_server(dsn)
-        self._user = _dsn_user(dsn)
+        self._user = dsn_user(dsn)
         #: pgoutput protocol version in use (resolved when connecting)
         self.proto_version = 0
         #: the server's server_version_num (known after connecting)

@@ -130,8 +130,8 @@ def start_replication_command(slot: str, start_lsn: Lsn, options: Sequence[tuple
     return text.as_string()
 
 
-def _wrap(exc: BaseException, phase: str, lost: bool) -> TransportError:
-    sqlstate = getattr(exc, "pgcode", None)
+def driver_message(exc: BaseException) -> str:
+    """A psycopg2 error's message on one line, with the server's DETAIL and HINT."""
     text = str(exc) or type(exc).__name__
     diag = getattr(exc, "diag", None)
     detail = getattr(diag, "message_detail", None) if diag is not None else None
@@ -140,7 +140,12 @@ def _wrap(exc: BaseException, phase: str, lost: bool) -> TransportError:
         text = f"{text.rstrip()} DETAIL: {detail}"
     if hint and hint not in text:
         text = f"{text.rstrip()} HINT: {hint}"
-    return TransportError(" ".join(text.split()), sqlstate=sqlstate, phase=phase, lost=lost)
+    return " ".join(text.split())
+
+
+def _wrap(exc: BaseException, phase: str, lost: bool) -> TransportError:
+    sqlstate = getattr(exc, "pgcode", None)
+    return TransportError(driver_message(exc), sqlstate=sqlstate, phase=phase, lost=lost)
 
 
 class Psycopg2Transport:
