@@ -54,8 +54,8 @@ LIMITS = {
         "psycopg2's C copy loop (psycopg 3's generator-based loop took about 1.2 us a row), "
         "Parquet dictionaries only for columns whose first rows repeat values (0.25 us a row "
         "less, smaller files), and Spark's Python processes import compiled modules. COPY to "
-        "/dev/null only formats text in one server process; it took 12.2 to 20.7 s over this "
-        "session's runs (pgcdc 0.67x to 1.02x beside it)"
+        "/dev/null only formats text in one server process; it took 14.5 to 20.7 s over the "
+        "three runs of this code (pgcdc 0.67x to 1.02x beside it)"
     ),
     "memory": (
         "Spark itself, by process: the JVM grows from 0.7 to about 1.5 GB (1 GB default driver "

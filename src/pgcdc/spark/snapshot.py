@@ -218,7 +218,7 @@ class CopyTuples(Generic[_T]):
             if chunk[-1] == _TRAILER:  # in whole tuples, only the trailer is this
                 body = chunk[:-1]
             try:
-                result = self._decode(body) if body else None
+                results = [self._decode(body)] if body else []
             except CopyFormatError as exc:
                 # blocks that are not one tuple each, or a bad value (which the sequential
                 # path then reports)
@@ -227,8 +227,8 @@ class CopyTuples(Generic[_T]):
             else:
                 self._ended = body is not chunk
                 self._done += len(body)
-                if body:
-                    self._emit(result)  # type: ignore[arg-type]
+                for result in results:
+                    self._emit(result)
                 return
         data = self._rest + b"".join(chunk)
         tuples, used, self._ended = split_copy_tuples(data, self._ncols)
