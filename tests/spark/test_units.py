@@ -7,6 +7,7 @@ import os
 import re
 import struct
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -331,3 +332,54 @@ def test_schema_changed_is_recognised_through_wrapping():
 
     again = pickle.loads(pickle.dumps(error))
     assert str(again) == str(error) and again.table == "public.t"
+
+
+def test_rows_written_before_a_column_was_added_read_its_missing_value():
+    """A Relation without a column the query has: a column after the last one the Relation has
+    was added after the row was written, and reads PostgreSQL's missing value for it (NULL
+    without one); a column before one it has was dropped (or is not published): NULL."""
+    from pgcdc.protocol.messages import Begin, Commit, Insert, Update
+    from pgcdc.spark.decode import ChangeDecoder, Label, decode_transactions
+    from pgcdc.spark.schema import source_schema
+
+    def column(name: str, oid: int, missing: str | None = None, key: bool = False):
+        return CatalogColumn(name, oid, -1, "t", 1 if oid == 1007 else 0, key, missing)
+
+    table = CatalogTable(
+        16384,
+        "public",
+        "t",
+        "f",
+        (
+            column("id", 23, key=True),
+            column("doomed", 25, "never read"),
+            column("v", 25),
+            column("extra", 20, "7"),
+            column("tags", 1007, "{1,NULL,3}"),
+            column("plain", 25),
+        ),
+    )
+    catalog = SourceCatalog((table,), (), 180000)
+    decoder = ChangeDecoder(catalog, source_schema(catalog), 1)
+    encoder = Encoder(1)
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    relation = Relation(
+        None, 16384, "public", "t", "f", (Column(1, "id", 23, -1), Column(1, "v", 25, -1))
+    )
+    messages = [
+        encoder.encode(m)
+        for m in (
+            Begin(Lsn(0x100), when, 5),
+            relation,
+            Insert(None, 16384, ("1", "a")),
+            Update(None, 16384, "O", ("1", "a"), ("1", "b")),
+            Commit(0, Lsn(0x100), Lsn(0x108), when),
+        )
+    ]
+    label = Label(0x100, 0x108, 0, 5)
+    batches = list(decode_transactions(decoder, [(label, False, 5, iter(messages[1:4]))]))
+    rows = pa.Table.from_batches(batches).column(table_column("public", "t")).to_pylist()
+    written_before = {"id": 1, "doomed": None, "extra": 7, "tags": [1, None, 3], "plain": None}
+    assert rows[0]["new"] == {**written_before, "v": "a"}
+    assert rows[1]["new"] == {**written_before, "v": "b"}
+    assert rows[1]["old_kind"] == "O" and rows[1]["old"] == {**written_before, "v": "a"}

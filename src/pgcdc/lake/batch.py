@@ -387,6 +387,7 @@ class LakeBatchWriter:
                         version=batch_id,
                         metadata=metadata,
                         chunk=chunk,
+                        defaults=defaults,
                     ),
                     commits=commits,
                     chunks=self._chunks(info),

@@ -529,9 +529,11 @@ def missing_values(
         for name, type_name in rows:
             arrow = columns[name]
             as_text = pa.types.is_string(arrow) or pa.types.is_large_string(arrow)
+            # array_to_string of the one-element array: its element's text (arrays too),
+            # read back as the column's type
             value_sql = sql.SQL(
-                "SELECT ((a.attmissingval::text)::{typ}[])[1]{cast} FROM pg_attribute a "
-                "WHERE a.attrelid = %s::regclass AND a.attname = %s"
+                "SELECT (pg_catalog.array_to_string(a.attmissingval, ',')::{typ}){cast} "
+                "FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attname = %s"
             ).format(
                 typ=sql.SQL(type_name),  # format_type output: a valid, quoted type name
                 cast=sql.SQL("::text" if as_text else ""),

@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from pgcdc.lake.changes import image_columns, lake_image, quote_column
-from pgcdc.lake.schema_evolution import evolve
+from pgcdc.lake.schema_evolution import Defaults, Images, evolve
 from pgcdc.lake.tables import (
     CL_COMMIT_LSN,
     CL_COMMIT_LSN_TEXT,
@@ -41,6 +42,15 @@ from pgcdc.lake.writer import Chunk, DeltaTarget, cast_to, commit_properties
 __all__ = ["append_changelog", "changelog_rows"]
 
 log = logging.getLogger("pgcdc.lake")
+
+
+def _new_images(rows: pa.Table) -> pa.Array:
+    """Which changelog rows hold a new image: inserts, updates and snapshot rows."""
+    return pc.is_in(rows.column(OP), pa.array(["I", "U", "S"]))
+
+
+#: the changelog's row images, which an added column's missing value goes in
+IMAGES = Images(rows=_new_images, old=(OLD, OLD_KIND))
 
 
 def changelog_rows(df: Any, table: LakeTable, column: str, columns: Sequence[str]) -> Any:
@@ -76,10 +86,13 @@ def append_changelog(
     version: int,
     metadata: dict[str, Any] | None = None,
     chunk: Chunk | None = None,
+    defaults: Defaults | None = None,
 ) -> int:
     """Append a batch's changelog rows in one commit; how many rows."""
     what = f"{table.table_id} changelog"
-    delta = evolve(target, rows.schema, drop_missing=False, what=what)
+    delta = evolve(
+        target, rows.schema, drop_missing=False, what=what, defaults=defaults, images=IMAGES
+    )
     rows = cast_to(rows, pa.schema(delta.schema().to_arrow()))
     write_deltalake(
         target.uri,

@@ -238,7 +238,6 @@ def merge_history(
         drop_missing=False,
         what=what,
         defaults=defaults,
-        defaults_where=IS_CURRENT,
     )
     source = fill_from_stored(target, source, table, columns, current_only=True, foreign_only=False)
     source = source.drop_columns(

@@ -7,7 +7,11 @@ the Delta table's schema with the batch's:
 * added columns are added (``ALTER TABLE ADD COLUMNS``; existing rows read NULL), or, when
   PostgreSQL gave existing rows a value without writing it to the WAL (``ADD COLUMN ...
   DEFAULT <constant>``, the column's ``attmissingval``), the table is rewritten with that value
-  in the existing rows (the history: in its current versions);
+  in every stored image: every row of the mirror, every version of the history, the changelog's
+  new images and whole old images. Every stored image was written before the column was
+  added, and PostgreSQL reads such a row with the missing value; the stream's rows written
+  before it do the same (``pgcdc.spark``), so an image reads the same whichever batch it came
+  in;
 * a column whose type changed (widened ``int`` -> ``bigint``, ``numeric(10,2)`` ->
   ``numeric(12,2)``, ``varchar`` -> ``text`` ...; or any other type change PostgreSQL's
   ``ALTER COLUMN TYPE`` made) is rewritten: the table is read, the column cast to the new
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -34,7 +39,14 @@ from deltalake import CommitProperties, DeltaTable, Field, write_deltalake
 
 from pgcdc.lake.writer import DeltaTarget, nullable_schema, nullable_type
 
-__all__ = ["Defaults", "SchemaChange", "SchemaEvolutionError", "evolve", "plan_change"]
+__all__ = [
+    "Defaults",
+    "Images",
+    "SchemaChange",
+    "SchemaEvolutionError",
+    "evolve",
+    "plan_change",
+]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -82,6 +94,16 @@ def plan_change(current: pa.Schema, wanted: pa.Schema, *, drop_missing: bool) ->
 Defaults = Callable[[Mapping[str, pa.DataType]], Mapping[str, Any]]
 
 
+@dataclass(frozen=True, slots=True)
+class Images:
+    """Where a table's stored rows hold row images, for ``evolve``'s defaults: ``rows``
+    gives the rows whose columns are a row image (None: every row); ``old`` names a struct
+    column of old images and the column telling which of them are whole rows ('O')."""
+
+    rows: Callable[[pa.Table], pa.Array] | None = None
+    old: tuple[str, str] | None = None
+
+
 def evolve(
     target: DeltaTarget,
     wanted: pa.Schema,
@@ -89,14 +111,14 @@ def evolve(
     drop_missing: bool,
     what: str,
     defaults: Defaults | None = None,
-    defaults_where: str | None = None,
+    images: Images = Images(),
 ) -> DeltaTable:
     """Create the table with ``wanted`` or bring its schema to it; the (re)loaded table.
 
     ``what`` names the table in logs and errors (``shop.orders history``). ``defaults`` gives
     the value existing rows have in an added column (``ALTER TABLE ... ADD COLUMN ... DEFAULT``
-    sets it without writing any change to the WAL); ``defaults_where`` names a boolean column
-    limiting that to some rows (the history's current versions).
+    sets it without writing any change to the WAL); ``images`` says which stored values are
+    row images that take it (default: every row).
     """
     wanted = nullable_schema(wanted)
     table = target.table()
@@ -114,7 +136,7 @@ def evolve(
     if change.added and defaults is not None:
         fill = dict(defaults({f.name: f.type for f in change.added}))
     if change.changed or change.dropped or fill:
-        _rewrite(target, current, wanted, change, what=what, fill=fill, fill_where=defaults_where)
+        _rewrite(target, current, wanted, change, what=what, fill=fill, images=images)
     else:
         table.alter.add_columns(
             [Field.from_arrow(pa.field(f.name, f.type, True)) for f in change.added],
@@ -136,12 +158,12 @@ def _rewrite(
     *,
     what: str,
     fill: Mapping[str, Any] | None = None,
-    fill_where: str | None = None,
+    images: Images = Images(),
 ) -> None:
     data = target.read()
     where = None
-    if fill and fill_where is not None and fill_where in data.column_names:
-        where = pc.fill_null(data.column(fill_where), False)
+    if fill and images.rows is not None:
+        where = pc.fill_null(images.rows(data), False)
     wanted_types = {f.name: f.type for f in wanted}
     order = list(wanted.names) + [
         n for n in current.names if n not in wanted_types and n not in change.dropped
@@ -173,9 +195,14 @@ def _rewrite(
             column = pa.chunked_array([filled], type=typ)
         else:
             column = pa.chunked_array([pa.nulls(data.num_rows, typ)], type=typ)
+        if fill and images.old is not None and name == images.old[0]:
+            column = _fill_old_images(column, data.column(images.old[1]), fill)
         arrays.append(column)
         fields.append(pa.field(name, typ, True))
-    rewritten = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    # one chunk per column: delta-rs panics (and aborts the process) on a nested column
+    # whose chunks are cut differently from the other columns' (an added column is one chunk)
+    rewritten = pa.Table.from_arrays(arrays, schema=pa.schema(fields)).combine_chunks()
+    del data, arrays
     write_deltalake(
         target.uri,
         rewritten,
@@ -186,3 +213,28 @@ def _rewrite(
         ),
     )
     log.info("rewrote %s (%s rows) for a schema change", what, rewritten.num_rows)
+
+
+def _fill_old_images(
+    old: pa.ChunkedArray, kinds: pa.ChunkedArray, fill: Mapping[str, Any]
+) -> pa.ChunkedArray:
+    """A struct column of old images with ``fill``'s values in its added fields where the image
+    is the whole old row ('O'; a key image holds only the key columns)."""
+    if not pa.types.is_struct(old.type):
+        return old
+    pairs = pa.Table.from_arrays([old, kinds], names=["old", "kind"]).to_batches()
+    chunks = []
+    for batch in pairs:
+        struct = batch.column(0)
+        whole = pc.fill_null(pc.equal(batch.column(1), "O"), False)
+        children = []
+        for i, field in enumerate(struct.type):
+            child = struct.field(i)
+            if field.name in fill:
+                value = pa.repeat(pa.scalar(fill[field.name], type=field.type), len(struct))
+                child = pc.if_else(whole, value, child)
+            children.append(child)
+        chunks.append(
+            pa.StructArray.from_arrays(children, fields=list(struct.type), mask=struct.is_null())
+        )
+    return pa.chunked_array(chunks, type=old.type)

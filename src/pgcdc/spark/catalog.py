@@ -46,6 +46,9 @@ class CatalogColumn:
     type_name: str  # format_type(atttypid, atttypmod)
     ndims: int
     key: bool  # flagged as part of the replica identity in Relation messages
+    #: the value rows written before the column was added read (``ADD COLUMN ... DEFAULT
+    #: <constant>``: ``pg_attribute.attmissingval``), in the type's text form; None: NULL
+    missing: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,23 @@ LEFT JOIN pg_catalog.pg_index i ON i.indrelid = c.oid AND (
     (c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
 WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attrelid, a.attnum
+"""
+#: The value PostgreSQL gives the rows that lack a column added later (a tuple written before
+#: ``ADD COLUMN ... DEFAULT <constant>`` reads ``attmissingval``), in the type's text form
+#: (``array_to_string`` of the one-element array is its element's output text, arrays
+#: included), with the output settings the codec reads.
+_MISSING_SETTINGS = (
+    "SET datestyle = 'ISO, MDY'",
+    "SET intervalstyle = 'postgres'",
+    "SET extra_float_digits = 3",
+    "SET bytea_output = 'hex'",
+    "SET lc_monetary = 'C'",
+)
+_MISSING = """
+SELECT a.attrelid::int8, a.attname::text, pg_catalog.array_to_string(a.attmissingval, ',')
+FROM pg_catalog.pg_attribute a
+WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped AND a.atthasmissing
+  AND a.attmissingval::text <> '{NULL}'
 """
 
 
@@ -241,6 +261,7 @@ def load_catalog(
         relids = [int(relations[k][0]) for k in keys]
         names_by_id = {int(row[0]): k for k, row in relations.items()}
         by_rel: dict[int, list[CatalogColumn]] = {r: [] for r in relids}
+        missing_values = _missing_values(conn, relids) if version >= 110000 else {}
         for relid, attname, typid, typmod, ndims, typname, key, generated in conn.execute(
             _COLUMNS, (relids,)
         ).fetchall():
@@ -252,7 +273,13 @@ def load_catalog(
                 continue  # generated columns are published only when listed (or PG 18 option)
             by_rel[int(relid)].append(
                 CatalogColumn(
-                    str(attname), int(typid), int(typmod), str(typname), int(ndims), bool(key)
+                    str(attname),
+                    int(typid),
+                    int(typmod),
+                    str(typname),
+                    int(ndims),
+                    bool(key),
+                    missing_values.get((int(relid), str(attname))),
                 )
             )
         result: list[CatalogTable] = []
@@ -295,6 +322,21 @@ def load_catalog(
         database=database,
         block_size=block_size,
     )
+
+
+def _missing_values(conn: psycopg.Connection[Any], relids: list[int]) -> dict[tuple[int, str], str]:
+    """(relid, column) -> the text of the value rows written before the column existed read,
+    under the output settings the codec reads (a few types' text depends on them)."""
+    for setting in _MISSING_SETTINGS:
+        conn.execute(setting)
+    try:
+        return {
+            (int(relid), str(name)): str(text)
+            for relid, name, text in conn.execute(_MISSING, (relids,)).fetchall()
+            if text is not None
+        }
+    finally:
+        conn.execute("RESET ALL")
 
 
 def _user_types(

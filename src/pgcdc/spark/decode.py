@@ -20,12 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.types import StructType
 
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.columnar import ColumnarBatch, ColumnarDecoder, RelationBatch
 from pgcdc.protocol.encoder import Encoder
 from pgcdc.protocol.messages import Relation, StreamStart, StreamStop, Truncate
+from pgcdc.protocol.values import to_arrow
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog
 from pgcdc.spark.conform import conform
 from pgcdc.spark.drift import Verdict, find_table, mismatch, normalize
@@ -90,6 +92,8 @@ class ChangeDecoder:
         self.encoder = Encoder(proto_version)
         self.verdicts = dict(verdicts or {})
         self._resolved: dict[Relation, TableLayout | None] = {}
+        self._registry = registry_for(catalog)
+        self._missing: dict[tuple[int, str], pa.Array | None] = {}
         self._names = [layout.table for layout in self.layouts.values()]
         self._layout_ids = {layout.table.relid: i for i, layout in enumerate(self.layouts.values())}
 
@@ -129,6 +133,36 @@ class ChangeDecoder:
         self._resolved[key] = layout
         return layout
 
+    def missing_value(self, layout: TableLayout, field: pa.Field) -> pa.Array | None:
+        """The value (one-element array of ``field``'s type) of ``field``'s column in a row
+        written before the column was added: PostgreSQL reads such a row with the column's
+        missing value (``ADD COLUMN ... DEFAULT <constant>``), else NULL (None)."""
+        key = (layout.table.relid, field.name)
+        if key not in self._missing:
+            column = layout.table.column(field.name)
+            value = None
+            if column is not None and column.missing is not None:
+                try:
+                    value = conform(
+                        to_arrow(
+                            [column.missing],
+                            column.type_oid,
+                            column.type_modifier,
+                            self._registry,
+                            binary=False,
+                        ),
+                        field.type,
+                    )
+                except (TypeError, ValueError, ArithmeticError, pa.ArrowException):
+                    raise SparkSourceError(
+                        f"the value rows written before column {field.name!r} of "
+                        f"{layout.table.qualified} was added read ({column.type_name}) does not "
+                        f"convert to the query's type {field.type}",
+                        "report this as a pgcdc bug, with the column's type and default",
+                    ) from None
+            self._missing[key] = value
+        return self._missing[key]
+
     # -- decoding --------------------------------------------------------------------------
     def _part_struct(self, part: RelationBatch, layout: TableLayout) -> pa.Array:
         batch = part.batch
@@ -138,13 +172,29 @@ class ChangeDecoder:
         image_type = layout.image_type
         codes = batch.column(1).indices.to_numpy(zero_copy_only=False)
         old = batch.column(_FIRST_COLUMN + ncols)
+        old_kind = conform(batch.column(_FIRST_COLUMN + ncols + 1), pa.string())
         new_children = []
         old_children = []
-        for field in image_type:
+        # the query's columns are in attnum order: an absent column after the last present one
+        # was added after the row was written (PostgreSQL reads the row with the column's
+        # missing value); one before a present column was dropped (or is not published)
+        last_present = max(
+            (i for i, field in enumerate(image_type) if field.name in positions), default=-1
+        )
+        for i, field in enumerate(image_type):
             j = positions.get(field.name)
             if j is None:
-                new_children.append(pa.nulls(batch.num_rows, field.type))
-                old_children.append(pa.nulls(batch.num_rows, field.type))
+                missing = self.missing_value(layout, field) if i > last_present else None
+                if missing is None:
+                    new_children.append(pa.nulls(batch.num_rows, field.type))
+                    old_children.append(pa.nulls(batch.num_rows, field.type))
+                    continue
+                filled = missing.take(pa.array(np.zeros(batch.num_rows, dtype=np.int64)))
+                new_children.append(filled)
+                # an old image has every column only when it is the whole row ('O'); a key
+                # image ('K') has the key columns, which the row was written with
+                whole = pc.equal(old_kind, "O")
+                old_children.append(pc.if_else(whole, filled, pa.nulls(batch.num_rows, field.type)))
                 continue
             try:
                 new_children.append(conform(batch.column(_FIRST_COLUMN + j), field.type))
@@ -161,7 +211,6 @@ class ChangeDecoder:
             old_children, fields=list(image_type), mask=old.is_null()
         )
         struct_type = layout.struct_type
-        old_kind = conform(batch.column(_FIRST_COLUMN + ncols + 1), pa.string())
         unchanged = conform(batch.column(_FIRST_COLUMN + ncols + 2), struct_type.field(3).type)
         return pa.StructArray.from_arrays(
             [new, old_image, old_kind, unchanged], fields=list(struct_type)
