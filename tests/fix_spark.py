@@ -36,6 +36,9 @@ def spark() -> Iterator[SparkSession]:
             "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
             "spark.python.worker.reuse": "true",
         },
+        # the tests' own JVM runs the whole session: the pgcdc runs they start write the
+        # class data archive (and map it) instead
+        class_data_sharing=False,
     )
     session.sparkContext.setLogLevel("ERROR")
     try:

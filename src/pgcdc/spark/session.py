@@ -16,6 +16,7 @@ linked, without the zip, so the workers import the installed, compiled pyspark.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
@@ -26,6 +27,8 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pgcdc.spark.jvm import JavaLaunch, launch_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -122,6 +125,8 @@ def spark_session(
     master: str = "local[2]",
     app_name: str = "pgcdc",
     conf: Mapping[str, str] | None = None,
+    *,
+    class_data_sharing: bool = True,
 ) -> SparkSession:
     """A SparkSession (created or reused) with pgcdc registered.
 
@@ -131,7 +136,9 @@ def spark_session(
     partitions (and default parallelism) as they have cores, and, without ``SPARK_HOME`` in the
     environment, ``python_spark_home`` (see the module doc); the UI is off, the session time
     zone is UTC and the driver JVM exits on OutOfMemoryError (``spark.driver.extraJavaOptions``)
-    unless ``conf`` says otherwise.
+    unless ``conf`` says otherwise. A driver JVM this call launches maps Spark's classes from a
+    class data sharing archive, or writes one when it exits (``pgcdc.spark.jvm``), unless
+    ``class_data_sharing`` is False.
     """
     from pyspark.sql import SparkSession
 
@@ -168,12 +175,41 @@ def spark_session(
         settings["spark.sql.shuffle.partitions"] = cores
         settings["spark.default.parallelism"] = cores
     settings.update(conf or {})
+    launch = _class_data_sharing(settings) if class_data_sharing else None
+    if launch is not None:
+        options = settings.get("spark.driver.extraJavaOptions", "")
+        settings["spark.driver.extraJavaOptions"] = " ".join([options, *launch.options]).strip()
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except BaseException:
+        if launch is not None and launch.writer is not None:
+            launch.writer.finish(None)  # releases the lock
+        raise
+    if launch is not None and launch.writer is not None:
+        from pyspark import SparkContext
+
+        gateway = SparkContext._gateway
+        atexit.register(launch.writer.finish, getattr(gateway, "proc", None))
     register(spark)
     return spark
+
+
+def _class_data_sharing(settings: Mapping[str, str]) -> JavaLaunch | None:
+    """``pgcdc.spark.jvm.launch_options`` when this process is about to launch the driver JVM
+    (a JVM already running keeps its options)."""
+    from pyspark import SparkContext
+    from pyspark.find_spark_home import _find_spark_home
+
+    if SparkContext._gateway is not None:
+        return None
+    try:
+        spark_home = Path(os.environ.get("SPARK_HOME") or _find_spark_home())
+    except Exception:  # no Spark home found: the launch fails on its own
+        return None
+    return launch_options(spark_home, settings, _cache_roots())
 
 
 def _driver_host(spark: SparkSession) -> str | None:
