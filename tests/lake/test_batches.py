@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pgcdc.lake.batch import LakeBatchWriter
+from pgcdc.lake.batch import LakeBatchWriter, commit_bytes, driver_heap
 from pgcdc.lake.tables import LakeLayout, LakeTable, TableKind
 from pgcdc.lake.writer import DeltaTarget
 from pgcdc.spark import table_column
@@ -402,3 +402,14 @@ def test_the_driver_reduction_gives_the_rows_of_the_spark_reduction(spark: Any) 
     assert any(events > rows for events, rows in reduced[:-1])
     floats = spark.createDataFrame([(1.5,)], "id double")
     assert not reducible_keys(floats, TABLE)  # Spark's GROUP BY makes NaNs equal: left to it
+
+
+def test_commit_bytes_follow_the_driver_heap(spark: Any) -> None:
+    mib = 1 << 20
+    assert commit_bytes(None) == 128 * mib  # Spark Connect: no heap to read
+    assert commit_bytes(1 << 30) == commit_bytes(8 << 30) == 128 * mib
+    assert commit_bytes(512 * mib) == 128 * mib * 212 // 724  # 37.5 MiB
+    assert 37 * mib < commit_bytes(768 * mib) < 128 * mib
+    assert commit_bytes(300 * mib) == 16 * mib  # never below 16 MiB
+    heap = driver_heap(spark)  # the tests' session: Spark's default 1 GiB driver heap
+    assert heap is not None and 900 * mib < heap <= 1 << 30

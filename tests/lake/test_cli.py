@@ -108,3 +108,35 @@ def test_demo(tmp_path: Path) -> None:
     assert "mirror equals source" in done.stderr
     assert "DIFFERENT" not in done.stderr
     assert (tmp_path / "lake" / "shop" / "orders.history" / "_delta_log").is_dir()
+
+
+@pytest.mark.slow
+def test_a_small_driver_heap_stages_what_it_cannot_collect(pg: PgDatabase, tmp_path: Path) -> None:
+    """With a 512 MiB driver heap, a transaction of about 100 MB of values is staged in chunks
+    (bytes_per_commit follows the heap): collected in one piece it ran the JVM out of heap."""
+    pg.execute("CREATE TABLE wide (id bigint PRIMARY KEY, payload text)")
+    config = write_config(tmp_path, pg, "wide", '\n[spark.conf]\n"spark.driver.memory" = "512m"\n')
+    argv = [sys.executable, "-m", "pgcdc", "--log-level", "INFO", "run", "--config", str(config)]
+    argv.append("--until-caught-up")
+
+    def run(*extra: str) -> str:
+        done = subprocess.run(
+            [*argv, *extra],
+            cwd=tmp_path,
+            env=dict(os.environ, COLUMNS="160"),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        return done.stderr
+
+    run()
+    pg.execute(
+        "INSERT INTO wide SELECT g, repeat(md5(g::text), 31) FROM generate_series(1, 100000) g"
+    )
+    err = run("--verify")
+    assert "batches over 37 MiB of a table's values are staged" in err, err[-3000:]
+    assert "staged in 3 chunks" in err, err[-3000:]
+    assert "public.wide: equal; source 100000 rows" in err

@@ -60,7 +60,16 @@ from pgcdc.lake.toast import root_column
 from pgcdc.lake.writer import Chunk, DeltaTarget
 from pgcdc.lsn import Lsn
 
-__all__ = ["PROGRESS", "BatchListener", "BatchResult", "LakeBatchWriter", "Progress"]
+__all__ = [
+    "MAX_COMMIT_BYTES",
+    "PROGRESS",
+    "BatchListener",
+    "BatchResult",
+    "LakeBatchWriter",
+    "Progress",
+    "commit_bytes",
+    "driver_heap",
+]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -139,6 +148,27 @@ class Progress:
 #: Progress per app id, for callers in the same process as the foreachBatch function.
 PROGRESS: dict[str, Progress] = {}
 
+#: ``bytes_per_commit`` with a driver heap of 1 GiB (Spark's default) or more
+MAX_COMMIT_BYTES = 128 << 20
+#: ... and at least, with the smallest heap Spark starts with
+MIN_COMMIT_BYTES = 16 << 20
+#: the part of the driver heap Spark reserves for itself (``spark.testing.reservedMemory``)
+_SPARK_RESERVED = 300 << 20
+
+
+def commit_bytes(max_heap: int | None) -> int:
+    """The default ``bytes_per_commit`` for a driver JVM whose heap may grow to ``max_heap``
+    bytes (None: unknown, as under Spark Connect): 128 MiB from a 1 GiB heap on, less below
+    it, in proportion to the heap beyond what Spark reserves. A batch collected to the driver
+    in one piece (``toArrow``) passes through the driver's heap several times over: measured
+    with 1 KB rows, a 512 MiB heap collected 61 MB of values and ran out of heap at 94 MB
+    (this gives it 37 MiB); 1 GiB collected 110 MB."""
+    if max_heap is None:
+        return MAX_COMMIT_BYTES
+    usable = max(max_heap - _SPARK_RESERVED, 0)
+    scaled = MAX_COMMIT_BYTES * usable // ((1 << 30) - _SPARK_RESERVED)
+    return max(MIN_COMMIT_BYTES, min(MAX_COMMIT_BYTES, scaled))
+
 
 def _lsn(value: int | None) -> str:
     return "-" if value is None else str(Lsn(value))
@@ -156,7 +186,7 @@ class LakeBatchWriter:
     fail_after: int | None = None  # tests: raise after this many Delta commits of a batch
     #: a table's changes in one batch above this are staged and committed in chunks
     rows_per_commit: int = 250_000
-    bytes_per_commit: int = 128 << 20  # ... or whose values weigh more than this
+    bytes_per_commit: int = MAX_COMMIT_BYTES  # ... or whose values weigh more than this
 
     def _chunks(self, info: TableOverview) -> int:
         """How many commits a table's rows of the batch go in (deterministic per batch)."""
@@ -539,6 +569,15 @@ def overview_meta(batch_id: int, info: TableOverview) -> dict[str, Any]:
         "min_lsn": _lsn(info.min_lsn),
         "max_lsn": _lsn(info.max_lsn),
     }
+
+
+def driver_heap(spark: Any) -> int | None:
+    """The most heap the session's driver JVM may use (``Runtime.maxMemory``: however it was
+    set), or None without a JVM of this process (Spark Connect)."""
+    try:
+        return int(spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory())
+    except Exception:  # Spark Connect has no SparkContext
+        return None
 
 
 def table_column_pairs(tables: Sequence[LakeTable]) -> tuple[tuple[str, str], ...]:

@@ -24,9 +24,10 @@ Reference (defaults in brackets):
 ``[lake]``
     ``path``: the lake folder (local, or a shared filesystem mounted at the same path on every
     Spark machine); ``history`` [false] and ``changelog`` [false]: defaults for every table;
-    ``rows_per_commit`` [250000] and ``bytes_per_commit`` ["128MB"]: a table's changes in one
-    micro-batch above either are staged by the executors and committed in chunks of about that
-    size (``pgcdc.lake.stage``), so the driver holds one chunk's rows at a time.
+    ``rows_per_commit`` [250000] and ``bytes_per_commit`` ["128MB" with a driver heap of 1 GB
+    or more, less with a smaller one: ``pgcdc.lake.batch.commit_bytes``]: a table's changes in
+    one micro-batch above either are staged by the executors and committed in chunks of about
+    that size (``pgcdc.lake.stage``), so the driver holds one chunk's rows at a time.
 ``[spark]``
     ``master`` ["local[*]"]: ``local[N]``, ``spark://host:port``, ``yarn``, ``k8s://...``, or a
     Spark Connect URL ``sc://host:port``; ``app_name`` ["pgcdc"]; ``driver_host``: the address
@@ -127,8 +128,6 @@ _SIZE_UNITS = {
 }
 #: ``[source] retained_wal_warning`` by default: 1 GiB
 DEFAULT_RETAINED_WAL_WARNING = 1 << 30
-#: ``[lake] bytes_per_commit`` by default: 128 MiB
-DEFAULT_BYTES_PER_COMMIT = 128 << 20
 
 
 def parse_size(text: str) -> int:
@@ -319,12 +318,13 @@ class LakeSettings(_Model):
             "committed in chunks of about this many (the driver holds one chunk's rows at a time)"
         ),
     )
-    bytes_per_commit: Size = Field(
-        default=DEFAULT_BYTES_PER_COMMIT,
+    bytes_per_commit: Size | None = Field(
+        default=None,
         ge=1 << 20,
         description=(
             "the same limit in bytes of the rows' values (or '128MB'): whichever of the two "
-            "gives more chunks"
+            "gives more chunks; by default 128 MB with a driver heap of 1 GB or more, less "
+            "with a smaller heap (a batch collected in one piece passes through it)"
         ),
     )
 

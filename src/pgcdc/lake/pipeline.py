@@ -48,7 +48,15 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from pgcdc.lake.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
+from pgcdc.lake.batch import (
+    MAX_COMMIT_BYTES,
+    PROGRESS,
+    LakeBatchWriter,
+    Progress,
+    commit_bytes,
+    driver_heap,
+    table_column_pairs,
+)
 from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source, source_columns
 from pgcdc.lake.config import ConfigError, PipelineConfig
 from pgcdc.lake.monitor import (
@@ -166,6 +174,21 @@ class Pipeline:
                     "master and [spark.conf] (and that Java 17 is installed)"
                 ) from exc
         return self._spark
+
+    def commit_bytes(self) -> int:
+        """``[lake] bytes_per_commit``, else the default for the driver's heap."""
+        if self.config.lake.bytes_per_commit is not None:
+            return self.config.lake.bytes_per_commit
+        heap = driver_heap(self.spark())
+        chosen = commit_bytes(heap)
+        if heap is not None and chosen < MAX_COMMIT_BYTES:
+            log.info(
+                "driver heap %d MiB: batches over %d MiB of a table's values are staged "
+                "([lake] bytes_per_commit)",
+                heap >> 20,
+                chosen >> 20,
+            )
+        return chosen
 
     def check(self) -> SourcePlan:
         """Validate the configuration against the source and the lake; creates nothing."""
@@ -590,7 +613,7 @@ class Pipeline:
             dsn=self.dsn,
             fail_after=self._fail_after,
             rows_per_commit=self.config.lake.rows_per_commit,
-            bytes_per_commit=self.config.lake.bytes_per_commit,
+            bytes_per_commit=self.commit_bytes(),
         )
         self.drop_gone_columns()
         options: dict[str, Any] = {}
