@@ -20,6 +20,10 @@ receive with streaming off; the server keeps it in its own memory, not the pipel
 A run that fails (the pipeline running out of memory) is recorded with its error, and that
 mode's larger sizes are skipped. Each mode has its own pipeline (slot, publication, lake).
 
+``--driver-memory 512m`` measures with that driver heap (``spark.driver.memory``; the JVM's
+heap grows to its limit under load, so the limit is what the JVM peaks at) and writes
+``bench-results/memory-driver-512m.json`` instead.
+
 Goal: peak under 1 GB, and flat as the transaction grows. Written to
 ``bench-results/memory.json``.
 """
@@ -90,7 +94,9 @@ def big_transaction(conn: Any, table: str, target_bytes: int) -> tuple[int, int,
     return rows, wal, time.perf_counter() - started
 
 
-def measure(scale: float, modes: Sequence[str] = tuple(MODES)) -> dict[str, Any]:
+def measure(
+    scale: float, modes: Sequence[str] = tuple(MODES), driver_memory: str | None = None
+) -> dict[str, Any]:
     sizes = [max(1 << 20, round(gb * scale * (1 << 30))) for gb in FULL_SIZES_GB]
     chosen = {mode: MODES[mode] for mode in modes}
     runs: list[dict[str, Any]] = []
@@ -123,6 +129,7 @@ def measure(scale: float, modes: Sequence[str] = tuple(MODES)) -> dict[str, Any]
                 [f"public.{_table(mode, i)}" for i in range(len(sizes))],
                 slot=f"pgcdc_mem_{mode}",
                 publication=f"pgcdc_mem_{mode}",
+                spark_conf={"spark.driver.memory": driver_memory} if driver_memory else {},
             )
             _say(f"streaming {mode}: pgcdc first start (empty tables)")
             pipeline.run().check("first start")
@@ -186,6 +193,7 @@ def measure(scale: float, modes: Sequence[str] = tuple(MODES)) -> dict[str, Any]
             "flat_met": flat,
         },
         "pgcdc_mode": "subprocess: python -m pgcdc run --until-caught-up (own JVM, local[2])",
+        "driver_memory": driver_memory or "Spark's default (1g)",
     }
 
 
@@ -198,13 +206,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="streaming modes to measure, comma-separated (on: the server streams the "
         "transaction, off: it sends it whole); default on,off",
     )
+    parser.add_argument(
+        "--driver-memory",
+        default=None,
+        help="spark.driver.memory of the measured runs (e.g. 512m); the result goes to "
+        "memory-driver-<size>.json",
+    )
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
     if unknown or not modes:
         parser.error(f"--modes takes on and/or off, not {args.modes!r}")
-    result = measure(args.scale, modes)
-    path = write_result(NAME, args.scale, result)
+    result = measure(args.scale, modes, args.driver_memory)
+    name = f"{NAME}-driver-{args.driver_memory}" if args.driver_memory else NAME
+    path = write_result(name, args.scale, result)
     print(f"\npeak memory of pgcdc run, one transaction (scale {args.scale:g})")
     print(f"{'streaming':<11}{'WAL MB':>9}{'peak RSS MiB':>14}{'peak PSS MiB':>14}{'s':>7}")
     for r in result["runs"]:

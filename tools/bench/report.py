@@ -26,22 +26,21 @@ LIMITS = {
         "object per message and per value (pypgoutput)"
     ),
     "catchup": (
-        "per micro-batch (250,000 changes by default): 3.7-5.1 s (inserts, updates, deletes "
-        "alike on this run), the first 15.3 s: before it, the query's start (Spark starts a "
-        "Python process for each step of a Python data source: creating it, its streaming "
-        "runner, planning, the executors' workers) while the receiver fetches the first "
-        "250,000 changes; in it, the first Spark jobs (code generation, the Arrow collection "
-        "path). Updates and deletes scattered over the whole table make the copy-on-write "
-        "delta-rs MERGE read and rewrite the whole 1M-row mirror, where the native subscriber "
-        "updates rows in place. Plus a fixed 13.6 s per run here (imports, JVM, Spark session, "
-        "Python workers; 17.4 s in the previous run, 22 s at one point of this session's noisy "
-        "machine): Spark's Python processes no longer compile pyspark, pyarrow and pgcdc from "
-        "source at every start (setup compiles bytecode, as pip does; this machine sets "
-        "PYTHONDONTWRITEBYTECODE; and local sessions get a Spark home without pyspark.zip, "
-        "whose uncompiled copy of pyspark every Python worker imported first). A profile of "
-        "the whole process tree had imports at 39% of all Python CPU of a catch-up. The anchor "
-        "varies from 10.4 to 20.0 s on this shared machine (the same workload gave 5.0x beside "
-        "13.7 s before these changes, 3.4x beside 20.0 s after them), so the ratio is rough"
+        "CPU, on 2 cores: a run takes about 55 s of CPU in 33 s. Spark's JVM 29-34 s of it "
+        "(its start-up 5.5 s, the C2 JIT about 10 s, then each batch's Spark work: the Python "
+        "source's Arrow batches into rows, the cached batch, the overview and event jobs, Arrow "
+        "back to the driver), the driver's Python 9 s (mostly the delta-rs MERGEs; the updates' "
+        "and deletes' copy-on-write rewrite of the 1M-row mirror takes 1.5-1.8 s each where "
+        "the native subscriber updates rows in place), the walsender 5.5 s, the receiver 5 s "
+        "and the executors' decoding 5 s. The first batch (9-10 s, the others 2-4 s) runs "
+        "while the receiver takes in the whole backlog and the walsender decodes it on the same "
+        "cores. Fixed cost per run 5.5 s: the driver JVM now maps Spark's classes from a class "
+        "data sharing archive the first run writes (8.7 s before on this machine, 13.6 s in "
+        "the previous session's noisier run). Tried without gain (within noise): no persist, "
+        "an uncompressed cache, ParallelGC, SerialGC, a 512 MB heap; C1 only starts 2 s faster "
+        "but runs every batch slower. The native subscriber took 7.7 s here and 7.2 to 20 s "
+        "over the sessions' runs; a Spark pipeline's start-up alone is most of that, so 1.2x "
+        "is out of reach on this machine"
     ),
     "snapshot": (
         "CPU: on 2 cores, the two binary COPY server processes take about 1.2-1.5 us a row, "
@@ -58,21 +57,24 @@ LIMITS = {
         "three runs of this code (pgcdc 0.67x to 1.02x beside it)"
     ),
     "memory": (
-        "Spark itself, by process: the JVM grows from 0.7 to about 1.5 GB (1 GB default driver "
-        "heap, filled as the batch is persisted and reduced, then capped), Spark's Python "
-        "workers from 0.7 to about 1.05 GB (pyspark, pyarrow and pgcdc imported in each, then "
-        "decoding and staging; 1.25 GB before this session, when every worker compiled its "
-        "modules from source and a copy or staging task imported the whole pipeline), the "
-        "driver to about 0.4 GB; a run with nothing to do takes 0.87 GB. So memory "
-        "rises with the transaction up to about 200 MB of WAL and is flat beyond it: at scale "
-        "0.5 (memory-scale0.5-streaming-on.json and -off.json), from 135 MB to 1,075 MB of WAL "
-        "(119k to 949k rows), peak RSS goes from 2.7 to 3.1 GiB (1.17x) either way, the driver "
-        "from 0.35-0.38 to 0.44-0.46 GB. A table's batch above [lake] bytes_per_commit "
-        "(128 MB of values) or rows_per_commit is staged by the executors and committed in "
-        "chunks, each a run of keys in order whose delta-rs MERGE reads only the stored files "
-        "of its key range (before this run the chunks were split by hash and every MERGE read "
-        "the whole mirror: the driver grew from 0.4 to 2.0 GB over the same sizes). Streaming "
-        "does not change it: the receiver spools to disk either way"
+        "Spark itself. A run with nothing to do takes 0.84 GB (the JVM 0.35, the driver 0.16, "
+        "the streaming source's runner 0.11, Spark's Python daemon 0.11 and its forks). Under "
+        "load the JVM grows its heap to its limit whatever the live data: with Spark's default "
+        "1 GB heap it peaks at about 1.5 GB from 0.2 GB of WAL on (flat beyond: 2.7 to 3.1 GiB "
+        "in all at scale 0.5 in the previous session's run), Spark's Python workers at about "
+        "1.05 GB summed over some 15 processes (forks share pages: PSS is 0.4 GB less), the "
+        "driver at 0.37 GB. Whether the batch is persisted makes no difference (tested). A "
+        "table's batch above [lake] bytes_per_commit (128 MB of values with this heap) or "
+        "rows_per_commit is staged by the executors and committed in chunks. Streaming does "
+        "not change it: the receiver spools to disk either way"
+    ),
+    "memory-driver-512m": (
+        "the same with spark.driver.memory = 512m: the JVM peaks at 0.97 GB instead of 1.5 GB, "
+        "and the whole is flat at 2.2-2.3 GiB from 55 MB of WAL on; bytes_per_commit follows "
+        "the heap (37 MiB), so batches above that are staged (collected in one piece, 94 MB "
+        "ran this heap out of memory before), and the staging workers take some of what the "
+        "JVM gives up. The catch-up ran as fast with it (within noise). Under 1 GB is out of "
+        "reach for a pipeline with a Spark JVM and Spark's Python workers"
     ),
     "latency": (
         "about 0.5-0.7 s per micro-batch whatever its size: the overview job that also reads "
@@ -95,7 +97,20 @@ def _load(directory: Path) -> dict[str, dict[str, Any]]:
         path = directory / f"{name}.json"
         if path.exists():
             out[name] = json.loads(path.read_text())
+    # the memory benchmark with another driver heap (``--driver-memory``), after the default
+    for path in sorted(directory.glob("memory-driver-*.json")):
+        out[path.stem] = json.loads(path.read_text())
     return out
+
+
+def _kind(name: str) -> str:
+    """The benchmark a result belongs to (``memory-driver-512m`` is a ``memory`` result)."""
+    return "memory" if name.startswith("memory-driver-") else name
+
+
+def _ordered(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Result names in the table's order: each benchmark, then its variants."""
+    return [n for b in BENCHMARKS for n in results if _kind(n) == b]
 
 
 def _rate(value: float, unit: str) -> str:
@@ -184,6 +199,8 @@ def _row_memory(d: dict[str, Any]) -> list[list[str]]:
         if not runs:
             continue
         largest = runs[-1]
+        heap = d.get("driver_memory", "")
+        label = f", driver heap {heap}" if heap and not heap.startswith("Spark's") else ""
         peaks = ", ".join(f"{_size(r['wal_bytes'])}: {_size(r['peak_rss_bytes'])}" for r in runs)
         growth = d["growth_largest_to_smallest"][mode]
         failed = [r for r in runs if r.get("failed")]
@@ -192,7 +209,8 @@ def _row_memory(d: dict[str, Any]) -> list[list[str]]:
             peaks += f"; FAILED at {_size(failed[0]['wal_bytes'])}: {cause}"
         rows.append(
             [
-                f"Memory: one {_size(largest['wal_bytes'])} transaction (WAL), streaming {mode}",
+                f"Memory: one {_size(largest['wal_bytes'])} transaction (WAL), streaming {mode}"
+                + label,
                 f"peak RSS {_size(largest['peak_rss_bytes'])} (transaction: peak, {peaks})",
                 f"a run with nothing to do: {_size(d['idle_run']['peak_rss_bytes'])}",
                 f"{growth:.2f}x from smallest to largest",
@@ -243,19 +261,17 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
         "|" + "|".join("---" for _ in head) + "|",
     ]
     for name in BENCHMARKS:
-        data = results.get(name)
-        if data is None:
+        if name not in results:
             lines.append(f"| {name}: not run | | | | | | | |")
-            continue
-        limit = data.get("limits") or LIMITS[name]
-        for row in ROWS[name](data):
+    for name in _ordered(results):
+        data = results[name]
+        limit = data.get("limits") or LIMITS.get(name) or LIMITS[_kind(name)]
+        for row in ROWS[_kind(name)](data):
             cells = [*row[:6], _scale(data), row[6] if len(row) > 6 else limit]
             lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     lines += ["", "Measured on:", ""]
-    for name in BENCHMARKS:
-        data = results.get(name)
-        if data is None:
-            continue
+    for name in _ordered(results):
+        data = results[name]
         m = data.get("machine", {})
         lines.append(
             f"- {name}: {data.get('measured_at', '?')}, scale {_scale(data)}, "
@@ -351,15 +367,21 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     d = results.get("memory")
     if d:
         ax = axes[3]
-        for mode, color in (("on", blue), ("off", green)):
+        variants = [(n, results[n]) for n in _ordered(results) if _kind(n) == "memory"]
+        for name, data in variants:
+            heap = "" if name == "memory" else f", heap {data.get('driver_memory')}"
+            for mode, color in (("on", blue), ("off", green)):
+                runs = [r for r in data["runs"] if r["streaming"] == mode]
+                ax.plot(
+                    [r["wal_bytes"] / 2**30 for r in runs],
+                    [r["peak_rss_bytes"] / 2**30 for r in runs],
+                    marker="o",
+                    color=color,
+                    linestyle="-" if name == "memory" else ":",
+                    label=f"streaming {mode}{heap}",
+                )
+        for mode in ("on", "off"):
             runs = [r for r in d["runs"] if r["streaming"] == mode]
-            ax.plot(
-                [r["wal_bytes"] / 2**30 for r in runs],
-                [r["peak_rss_bytes"] / 2**30 for r in runs],
-                marker="o",
-                color=color,
-                label=f"streaming {mode}",
-            )
             for r in runs:
                 if r.get("failed"):
                     ax.plot(r["wal_bytes"] / 2**30, r["peak_rss_bytes"] / 2**30, "x",

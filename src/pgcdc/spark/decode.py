@@ -88,11 +88,11 @@ class ChangeDecoder:
         self.arrow_schema = arrow_output_schema(schema)
         self.tables: dict[int, CatalogTable] = {t.relid: t for t in catalog.tables}
         self.layouts = TableLayout.build(catalog.tables, self.arrow_schema)
-        self.decoder = ColumnarDecoder(proto_version, registry_for(catalog))
+        self._registry = registry_for(catalog)
+        self.decoder = ColumnarDecoder(proto_version, self._registry)
         self.encoder = Encoder(proto_version)
         self.verdicts = dict(verdicts or {})
         self._resolved: dict[Relation, TableLayout | None] = {}
-        self._registry = registry_for(catalog)
         self._missing: dict[tuple[int, str], pa.Array | None] = {}
         self._names = [layout.table for layout in self.layouts.values()]
         self._layout_ids = {layout.table.relid: i for i, layout in enumerate(self.layouts.values())}
