@@ -11,7 +11,9 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,9 +101,11 @@ def test_one_writer_at_a_time_and_settings_that_choose_themselves(
     # an archive made for these settings is mapped; other jars make another archive
     archive = again.writer.archive
     archive.write_bytes(b"archive")
+    os.utime(archive, (0, 0))
     assert launch_options(home, {}, roots) == JavaLaunch(
         ("-Xlog:cds*=off", f"-XX:SharedArchiveFile={archive}")
     )
+    assert archive.stat().st_mtime > time.time() - 60  # touched: in use
     other = launch_options(home, {"spark.jars": "/x.jar"}, roots)
     assert other is not None and other.writer is not None and other.writer.archive != archive
     other.writer.finish(None)
@@ -111,7 +115,7 @@ def test_one_writer_at_a_time_and_settings_that_choose_themselves(
     assert launch_options(home, {}, roots) is None
 
 
-def test_an_archive_that_does_not_map_is_never_installed(tmp_path: Path) -> None:
+def test_an_archive_that_does_not_map_is_never_installed(spark: Any, tmp_path: Path) -> None:
     java = java_binary()
     assert java is not None
     source = tmp_path / "made.jsa"
@@ -141,6 +145,15 @@ def test_an_archive_that_does_not_map_is_never_installed(tmp_path: Path) -> None
     installed, writer = finish(truncated)
     assert not installed and not writer.archive.exists()
     assert not writer.temporary.exists() and not writer.lock.exists()
+    # installing one removes the archives nobody used for a month, and no other
+    old, recent = tmp_path / "spark-classes-old.jsa", tmp_path / "spark-classes-recent.jsa"
+    old.write_bytes(b"old")
+    recent.write_bytes(b"recent")
+    month_ago = time.time() - 31 * 86400
+    os.utime(old, (month_ago, month_ago))
     installed, writer = finish(source)
     assert installed and writer.archive.read_bytes() == source.read_bytes()
     assert not writer.temporary.exists() and not writer.lock.exists()
+    assert not old.exists() and recent.exists()
+    # finishing leaves this process's Spark alone (spark_session's exit hook stops it first)
+    assert spark.range(3).count() == 3

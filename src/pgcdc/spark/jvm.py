@@ -7,15 +7,16 @@ a later JVM maps that archive instead (``-XX:SharedArchiveFile``). Measured on 2
 run`` with nothing to do, 8.7 s -> 6.0 s, its JVM's CPU 10.2 s -> 5.7 s.
 
 ``launch_options`` gives the options for the JVM about to be launched, under a cache folder (the
-one ``pgcdc.spark.session.python_spark_home`` uses):
+one ``pgcdc.spark.session.python_spark_home`` uses; ``spark_session`` applies them):
 
 * an archive made for this JDK, these Spark jars and this class path and these JVM options (its
   name is their digest) is mapped;
 * else one JVM at a time (a lock file naming its process) writes one when it exits, to a
-  temporary file. ``ArchiveWriter.finish`` runs at Python exit: it stops Spark, lets the JVM
-  exit, and, if it exited cleanly, checks the file with a throwaway JVM (a truncated archive
+  temporary file. At Python exit, Spark is stopped and ``ArchiveWriter.finish`` lets the JVM
+  exit and, if it exited cleanly, checks the file with a throwaway JVM (a truncated archive
   crashes the JVM that maps it) before renaming it into place. Writing takes a while once (about
-  10 s on 2 cores); temporary files of writers that died are removed by later ones.
+  10 s on 2 cores); temporary files of writers that died are removed by later ones, and so are
+  archives unused for ``UNUSED_DAYS`` (each use touches its archive).
 
 The JVM ignores an archive it cannot use (another JDK, class path or options), quietly: the
 options turn its ``cds`` log off. ``PGCDC_JVM_CDS=0`` (or ``class_data_sharing=False``) turns
@@ -55,6 +56,9 @@ _CLASS_PATH_SETTINGS = (
 QUIET = "-Xlog:cds*=off"
 #: temporary archives are named ``.writing-<stem>.<pid>.jsa`` (the writer's process)
 _TEMPORARY_PREFIX = ".writing-"
+#: archives (for other JDKs, jars or options) not used for this long are removed when another
+#: is written; each use touches its archive
+UNUSED_DAYS = 30
 
 
 def java_binary() -> Path | None:
@@ -132,6 +136,17 @@ def _remove_stale(folder: Path, stem: str) -> None:
                     entry.unlink()
 
 
+def _remove_unused(kept: Path) -> None:
+    """Other archives nobody used for ``UNUSED_DAYS`` (made for a JDK, jars or options since
+    replaced): each is a few hundred MB."""
+    cutoff = time.time() - UNUSED_DAYS * 86400
+    with contextlib.suppress(OSError):
+        for entry in kept.parent.glob("spark-classes-*.jsa"):
+            if entry != kept and entry.stat().st_mtime < cutoff:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
 def archive_usable(java: Path, archive: Path, timeout: float = 60.0) -> bool:
     """Whether a JVM maps ``archive`` without crashing (a truncated archive makes the JVM die
     of SIGBUS; one for another class path is ignored, which is fine)."""
@@ -165,13 +180,12 @@ class ArchiveWriter:
     lock: Path
 
     def finish(self, gateway_process: Any | None, timeout: float = 300.0) -> bool:
-        """Stop Spark, let the JVM exit (it writes the archive then) and install the archive if
-        the JVM exited cleanly and the archive maps; whether it was installed. Always releases
-        the lock and removes the temporary file."""
+        """Let the JVM exit (it writes the archive then: stop its SparkContext first) and
+        install the archive if the JVM exited cleanly and the archive maps; whether it was
+        installed. Always releases the lock and removes the temporary file."""
         try:
             if gateway_process is None:
                 return False
-            _stop_spark()
             started = time.monotonic()
             with contextlib.suppress(OSError, ValueError):
                 gateway_process.stdin.close()  # the JVM exits when its stdin closes
@@ -187,6 +201,7 @@ class ArchiveWriter:
                 log.debug("the class data archive %s does not map: not kept", self.temporary)
                 return False
             os.replace(self.temporary, self.archive)
+            _remove_unused(self.archive)
             log.debug(
                 "class data archive %s written (%.0f MB, %.1f s at JVM exit)",
                 self.archive,
@@ -203,15 +218,6 @@ class ArchiveWriter:
             with contextlib.suppress(OSError):
                 if self.lock.read_text().strip() == str(os.getpid()):
                     self.lock.unlink()
-
-
-def _stop_spark() -> None:
-    from pyspark import SparkContext
-
-    context = SparkContext._active_spark_context
-    if context is not None:
-        with contextlib.suppress(Exception):  # a context broken already: the JVM exits anyway
-            context.stop()
 
 
 @dataclass(frozen=True)
@@ -245,6 +251,8 @@ def launch_options(
             continue
         archive = root / f"{stem}.jsa"
         if archive.is_file():
+            with contextlib.suppress(OSError):
+                os.utime(archive)  # in use: not removed as unused
             return JavaLaunch((QUIET, f"-XX:SharedArchiveFile={archive}"))
         if not os.access(root, os.W_OK):
             continue

@@ -17,6 +17,7 @@ linked, without the zip, so the workers import the installed, compiled pyspark.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import logging
 import os
@@ -28,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pgcdc.spark.jvm import JavaLaunch, launch_options
+from pgcdc.spark.jvm import ArchiveWriter, JavaLaunch, launch_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -189,12 +190,21 @@ def spark_session(
             launch.writer.finish(None)  # releases the lock
         raise
     if launch is not None and launch.writer is not None:
-        from pyspark import SparkContext
-
-        gateway = SparkContext._gateway
-        atexit.register(launch.writer.finish, getattr(gateway, "proc", None))
+        atexit.register(_write_archive, launch.writer)
     register(spark)
     return spark
+
+
+def _write_archive(writer: ArchiveWriter) -> None:
+    """At exit of a process whose JVM writes the class data archive: stop Spark, then let the
+    JVM exit and install what it wrote."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is not None:
+        with contextlib.suppress(Exception):  # a context broken already: the JVM exits anyway
+            context.stop()
+    writer.finish(getattr(SparkContext._gateway, "proc", None))
 
 
 def _class_data_sharing(settings: Mapping[str, str]) -> JavaLaunch | None:
