@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -103,11 +104,35 @@ def available_versions(wanted: tuple[int, ...] = (15, 18)) -> list[int]:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux's default if unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port() -> int:
+    """A free loopback port outside the kernel's ephemeral range.
+
+    A server on an ephemeral port is unsafe to stop and reconnect to: while it is down, a client
+    connecting to it can be given that very port as its own and connect to itself (TCP's
+    simultaneous open), reading its own startup packet back as the server's answer.
+    """
+    low, high = _ephemeral_ports()
+    candidates = [p for p in range(20000, 32000) if not low <= p <= high]
+    if not candidates:  # an unusual kernel setting: settle for any free port
+        candidates = [0]
+    for port in random.sample(candidates, min(len(candidates), 200)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            found: int = s.getsockname()[1]
+            return found
+    raise ClusterError("no free loopback port found between 20000 and 32000")
 
 
 @dataclass
@@ -182,7 +207,7 @@ class Cluster:
             ],
             "initdb",
         )
-        self.port = _free_port()
+        self.port = free_port()
         conf = dict(DEFAULT_SETTINGS)
         conf.update(self.settings)
         conf["listen_addresses"] = "'127.0.0.1'"
@@ -209,7 +234,7 @@ class Cluster:
             except ClusterError:
                 if attempt == 2 or "could not bind" not in self._log_tail():
                     raise
-                self._set_port(_free_port())
+                self._set_port(free_port())
         self._running = True
         return self
 

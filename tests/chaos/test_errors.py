@@ -10,7 +10,6 @@ password authentication.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from pgcdc.cli import main
+from pgcdc.cluster import free_port
 from pgcdc.lake.config import load_config
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.writer import DeltaTarget
@@ -92,9 +92,7 @@ def setup_pipeline(
 
 
 def test_server_not_reachable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     config = write_config(
         tmp_path, f"host=127.0.0.1 port={port} dbname=x user=u password=Secr3tPw connect_timeout=3"
     )

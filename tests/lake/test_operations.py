@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import logging
-import socket
 import threading
 import time
 import urllib.request
@@ -19,18 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from pgcdc.cli import main
+from pgcdc.cluster import free_port
 from pgcdc.lake.config import load_config
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lsn import Lsn
 from tests.fix_pg import PgDatabase
 from tests.lake.test_drop import lake_files
 from tests.lake.test_status import write_config
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 180.0) -> None:

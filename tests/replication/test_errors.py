@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from collections.abc import Iterator
 
 import pytest
 
+from pgcdc.cluster import free_port
 from pgcdc.replication import (
     PublicationNotFoundError,
     ReplicationError,
@@ -103,9 +103,7 @@ def test_server_unreachable_without_leaking_the_password(
     pg: PgDatabase, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # nothing listens there once the socket closes
+    port = free_port()  # nothing listens there
     dsn = f"host=127.0.0.1 port={port} dbname=app user=cdc password=S3cr3t-pw connect_timeout=2"
     for source in _both(pg, dsn=dsn):
         with pytest.raises(ServerUnreachableError) as err:

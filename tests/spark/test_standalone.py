@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pgcdc.cluster import free_port
 from pgcdc.replication import create_publication, create_slot_with_snapshot
 from tests.fix_pg import PgDatabase
 from tests.spark.streams import wait_slot_released
@@ -22,12 +22,6 @@ from tests.spark.streams import wait_slot_released
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes], timeout: float) -> None:
@@ -52,17 +46,17 @@ def standalone(spark_home: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         SPARK_HOME=str(spark_home),
         SPARK_WORKER_DIR=str(work / "worker"),
     )
-    port = _free_port()
+    port = free_port()
     url = f"spark://127.0.0.1:{port}"
     spark_class = str(spark_home / "bin" / "spark-class")
     master_cmd = [
         spark_class, "org.apache.spark.deploy.master.Master",
-        "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(_free_port()),
+        "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(free_port()),
     ]  # fmt: skip
     worker_cmd = [
         spark_class, "org.apache.spark.deploy.worker.Worker", url,
         "--host", "127.0.0.1", "--cores", "2", "--memory", "2g",
-        "--webui-port", str(_free_port()), "--work-dir", str(work / "worker"),
+        "--webui-port", str(free_port()), "--work-dir", str(work / "worker"),
     ]  # fmt: skip
     master_log = work / "master.log"
     worker_log = work / "worker.log"

@@ -86,7 +86,8 @@ LIMITS = {
         "object foreachBatch creates anew for every batch: two thirds of the driver's batch "
         "time) and loaded each Delta table three to four times (a fifth of the rest). Before "
         "MERGEs pruned the mirror's files by the batch's key range, each MERGE read the whole "
-        "growing mirror and p99 was 13.2 s"
+        "growing mirror and p99 was 13.2 s. The mirror is compacted every 100 batches (0.5 to "
+        "0.7 s each, [lake] compact_files), which this run includes"
     ),
 }
 

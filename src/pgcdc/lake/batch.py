@@ -40,6 +40,7 @@ from pgcdc.lake.changes import (
     table_events,
 )
 from pgcdc.lake.history import history_rows, merge_history
+from pgcdc.lake.maintenance import Maintenance
 from pgcdc.lake.mirror import (
     last_per_key,
     merge_mirror,
@@ -187,6 +188,8 @@ class LakeBatchWriter:
     #: a table's changes in one batch above this are staged and committed in chunks
     rows_per_commit: int = 250_000
     bytes_per_commit: int = MAX_COMMIT_BYTES  # ... or whose values weigh more than this
+    #: compaction and vacuum of the Delta tables a batch wrote, after its commits (None: none)
+    maintenance: Maintenance | None = None
 
     def _chunks(self, info: TableOverview) -> int:
         """How many commits a table's rows of the batch go in (deterministic per batch)."""
@@ -242,6 +245,7 @@ class LakeBatchWriter:
                     ", ".join(unknown),
                 )
             commits = 0
+            written: list[tuple[str, DeltaTarget]] = []
             for table in self.tables:
                 info = overview.tables.get(table.table_id)
                 if info is None:
@@ -275,6 +279,9 @@ class LakeBatchWriter:
                     result=result,
                 )
                 result.tables += 1
+                written += [(f"{table.table_id} {kind}", t) for kind, t in wanted.items()]
+            if self.maintenance is not None:
+                self.maintenance.after_batch(written)
             result.skipped = result.tables == 0 and bool(overview.tables)
         finally:
             df.unpersist()

@@ -27,7 +27,11 @@ Reference (defaults in brackets):
     ``rows_per_commit`` [250000] and ``bytes_per_commit`` ["128MB" with a driver heap of 1 GB
     or more, less with a smaller one: ``pgcdc.lake.batch.commit_bytes``]: a table's changes in
     one micro-batch above either are staged by the executors and committed in chunks of about
-    that size (``pgcdc.lake.stage``), so the driver holds one chunk's rows at a time.
+    that size (``pgcdc.lake.stage``), so the driver holds one chunk's rows at a time;
+    ``compact_files`` [100], ``target_file_size`` ["16MB"], ``vacuum`` [true],
+    ``vacuum_retention_hours`` [168] and ``vacuum_interval`` [3600]: compaction of each Delta
+    table's small files and removal of replaced ones after the batches
+    (``pgcdc.lake.maintenance``).
 ``[spark]``
     ``master`` ["local[*]"]: ``local[N]``, ``spark://host:port``, ``yarn``, ``k8s://...``, or a
     Spark Connect URL ``sc://host:port``; ``app_name`` ["pgcdc"]; ``driver_host``: the address
@@ -326,6 +330,40 @@ class LakeSettings(_Model):
             "gives more chunks; by default 128 MB with a driver heap of 1 GB or more, less "
             "with a smaller heap (a batch collected in one piece passes through it)"
         ),
+    )
+
+    compact_files: int = Field(
+        default=100,
+        ge=0,
+        description=(
+            "compact a Delta table once it holds this many files smaller than a quarter of "
+            "target_file_size (every batch adds files); 0: never"
+        ),
+    )
+    target_file_size: Size = Field(
+        default=16 << 20,
+        ge=1 << 20,
+        description=(
+            "the size compaction rewrites small files into (or '16MB'); every compaction "
+            "rewrites the files below it again, so it bounds a compaction's work"
+        ),
+    )
+    vacuum: bool = Field(
+        default=True,
+        description=(
+            "delete, at most hourly, the files no version of the last vacuum_retention_hours "
+            "uses (replaced by compaction and MERGEs)"
+        ),
+    )
+    vacuum_retention_hours: int = Field(
+        default=168,
+        ge=0,
+        description="how long replaced files stay for readers of older versions (Delta: 168)",
+    )
+    vacuum_interval: float = Field(
+        default=3600.0,
+        ge=0,
+        description="seconds between two vacuums of a Delta table (each lists its folder)",
     )
 
     @field_validator("path", mode="before")

@@ -1,0 +1,107 @@
+"""Compaction and vacuum of the lake's Delta tables (pgcdc.lake.maintenance): real Delta tables,
+and a real pipeline whose batches each add files."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from pgcdc.lake.maintenance import COMPACT_METADATA, Maintenance
+from pgcdc.lake.pipeline import Pipeline
+from pgcdc.lake.writer import DeltaTarget
+from tests.fix_pg import PgDatabase
+from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
+
+
+def _parquet_on_disk(path: Path) -> int:
+    return len(list(path.glob("*.parquet")))
+
+
+def _appended(path: Path, files: int) -> DeltaTarget:
+    for i in range(files):
+        rows = pa.table({"id": list(range(i * 10, i * 10 + 10))})
+        write_deltalake(str(path), rows, mode="append")
+    return DeltaTarget(path)
+
+
+def test_small_files_are_compacted_and_replaced_files_vacuumed(tmp_path: Path) -> None:
+    target = _appended(tmp_path / "t", 6)
+    rows = sorted(target.read().column("id").to_pylist())
+    keep = Maintenance(compact_files=7, vacuum=False)
+    keep.after_batch([("t", target)])
+    assert len(target.table().file_uris()) == 6  # fewer small files than the threshold
+    maintenance = Maintenance(compact_files=6, vacuum_retention_hours=0)
+    assert maintenance.small_files(target) == 6
+    maintenance.after_batch([("t", target)])
+    table = target.table()
+    assert len(table.file_uris()) == 1
+    assert sorted(target.read().column("id").to_pylist()) == rows
+    compactions = [c for c in table.history() if c.get("operation") == "OPTIMIZE"]
+    assert len(compactions) == 1 and compactions[0]["pgcdc"] == COMPACT_METADATA["pgcdc"]
+    # the replaced files were deleted (retention 0): only the compacted one is left on disk
+    assert _parquet_on_disk(tmp_path / "t") == 1
+    # at most one vacuum per vacuum_interval and table
+    _appended(tmp_path / "t", 2)
+    Maintenance(compact_files=2, vacuum_retention_hours=0).after_batch([("t", target)])
+    assert len(target.table().file_uris()) == 1 and _parquet_on_disk(tmp_path / "t") == 4
+    # a file no version ever referenced (a write killed before its commit) goes too
+    orphan = tmp_path / "t" / "part-orphan.parquet"
+    orphan.write_bytes(b"PAR1")
+    later = Maintenance(compact_files=0, vacuum_retention_hours=0)
+    assert later.vacuum_if_due("t", target, now=later.vacuum_interval * 10) > 0
+    assert _parquet_on_disk(tmp_path / "t") == 1 and not orphan.exists()
+
+
+def test_maintenance_that_fails_never_fails_the_batch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = _appended(tmp_path / "t", 3)
+    # the next commit of the log is garbage: loading the table fails
+    (tmp_path / "t" / "_delta_log" / f"{3:020d}.json").write_text("not json\n")
+    with caplog.at_level(logging.WARNING, logger="pgcdc.lake"):
+        Maintenance(compact_files=2).after_batch([("public.t mirror", target)])
+    assert "maintenance of public.t mirror failed" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_pipeline_compacts_what_its_batches_add(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    config = make_config(
+        pg,
+        tmp_path / "lake",
+        [{"name": "t", "history": True, "changelog": True}],
+        stream={"max_changes_per_trigger": 20},
+        lake_options={"compact_files": 4, "vacuum_retention_hours": 0, "vacuum_interval": 0},
+    )
+    Pipeline(config, spark=spark).run(until_caught_up=True)
+    for i in range(12):  # twelve transactions of 20 changes: twelve batches
+        pg.execute(
+            "INSERT INTO t SELECT g, 'v' || g FROM generate_series(%s::int, %s::int) g",
+            (i * 10 + 1, i * 10 + 10),
+        )
+        pg.execute(
+            "UPDATE t SET v = v || '+' WHERE id BETWEEN %s AND %s", (i * 10 + 1, i * 10 + 10)
+        )
+    pipeline = Pipeline(config, spark=spark)
+    result = pipeline.run(until_caught_up=True)
+    assert result.batches >= 12
+    pipeline.check()
+    assert_equal(pipeline)
+    (table,) = pipeline.plan.tables if pipeline.plan else ()
+    assert_history_matches_mirror(pipeline, table)
+    for kind in ("mirror", "history", "changelog"):
+        target = DeltaTarget(table.path(pipeline.layout, kind))
+        delta = target.table()
+        assert delta is not None
+        assert any(c.get("operation") == "OPTIMIZE" for c in delta.history()), kind
+        assert len(delta.file_uris()) < 4 + 4, kind  # compacted as the batches went
+        assert _parquet_on_disk(target.path) == len(delta.file_uris()), kind  # vacuumed
+    changelog = DeltaTarget(table.path(pipeline.layout, "changelog")).read()
+    assert changelog.num_rows == 240
