@@ -4,6 +4,9 @@ and a real pipeline whose batches each add files."""
 from __future__ import annotations
 
 import logging
+import os
+import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +52,49 @@ def test_small_files_are_compacted_and_replaced_files_vacuumed(tmp_path: Path) -
     _appended(tmp_path / "t", 2)
     Maintenance(compact_files=2, vacuum_retention_hours=0).after_batch([("t", target)])
     assert len(target.table().file_uris()) == 1 and _parquet_on_disk(tmp_path / "t") == 4
-    # a file no version ever referenced (a write killed before its commit) goes too
-    orphan = tmp_path / "t" / "part-orphan.parquet"
+    # a file no version ever referenced (a write killed before its commit) goes too, once
+    # older than the retention, and only with a retention of an hour or more (a younger file
+    # may be another writer's, about to be committed)
+    orphan, young = tmp_path / "t" / "part-orphan.parquet", tmp_path / "t" / "part-young.parquet"
     orphan.write_bytes(b"PAR1")
+    young.write_bytes(b"PAR1")
+    two_hours_ago = time.time() - 7200
+    os.utime(orphan, (two_hours_ago, two_hours_ago))
     later = Maintenance(compact_files=0, vacuum_retention_hours=0)
     assert later.vacuum_if_due("t", target, now=later.vacuum_interval * 10) > 0
-    assert _parquet_on_disk(tmp_path / "t") == 1 and not orphan.exists()
+    assert _parquet_on_disk(tmp_path / "t") == 3 and orphan.exists() and young.exists()
+    hourly = Maintenance(compact_files=0, vacuum_retention_hours=1)
+    hourly.vacuum_if_due("t", target, now=hourly.vacuum_interval * 20)
+    assert not orphan.exists() and young.exists()
+    assert _parquet_on_disk(tmp_path / "t") == 2
+    assert sorted(target.read().column("id").to_pylist()) == sorted(rows + list(range(20)))
+
+
+def test_small_files_compaction_cannot_merge_do_not_make_every_batch_compact(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # small files each between two files above the target size: no compaction merges them
+    path = tmp_path / "t"
+    for i in range(4):
+        write_deltalake(str(path), pa.table({"id": [i]}), mode="append")
+        big = pa.table({"id": [random.getrandbits(62) for _ in range(2000)]})
+        write_deltalake(str(path), big, mode="append")
+    target = DeltaTarget(path)
+    maintenance = Maintenance(compact_files=3, target_file_size=4096, vacuum=False)
+    assert maintenance.small_files(target) == 4
+    version = target.table().version()
+    assert maintenance.compact("t", target)  # tried once: nothing to merge
+    assert maintenance.small_files(target) == 4 and target.table().version() == version
+    with caplog.at_level(logging.DEBUG, logger="pgcdc.lake"):
+        caplog.clear()
+        assert not maintenance.compact("t", target)  # not again and again
+    assert "compacted" not in caplog.text
+    # new small files, side by side, count: the next compaction merges them
+    for i in range(3):
+        write_deltalake(str(path), pa.table({"id": [100 + i]}), mode="append")
+    assert maintenance.compact("t", target)
+    assert maintenance.small_files(target) == 5 and len(target.table().file_uris()) == 9
+    assert not maintenance.compact("t", target)
 
 
 def test_maintenance_that_fails_never_fails_the_batch(
@@ -65,7 +105,7 @@ def test_maintenance_that_fails_never_fails_the_batch(
     (tmp_path / "t" / "_delta_log" / f"{3:020d}.json").write_text("not json\n")
     with caplog.at_level(logging.WARNING, logger="pgcdc.lake"):
         Maintenance(compact_files=2).after_batch([("public.t mirror", target)])
-    assert "maintenance of public.t mirror failed" in caplog.text
+    assert "maintenance (compact) of public.t mirror failed" in caplog.text
 
 
 @pytest.mark.slow

@@ -219,6 +219,7 @@ class LakeBatchWriter:
         result = BatchResult(batch_id)
         columns = dict(self.table_columns)
         known = {t.table_id for t in self.tables}
+        written: list[tuple[str, DeltaTarget]] = []  # for maintenance, after the batch
         df = df.persist()
         try:
             clock = time.monotonic()
@@ -245,7 +246,6 @@ class LakeBatchWriter:
                     ", ".join(unknown),
                 )
             commits = 0
-            written: list[tuple[str, DeltaTarget]] = []
             for table in self.tables:
                 info = overview.tables.get(table.table_id)
                 if info is None:
@@ -280,8 +280,6 @@ class LakeBatchWriter:
                 )
                 result.tables += 1
                 written += [(f"{table.table_id} {kind}", t) for kind, t in wanted.items()]
-            if self.maintenance is not None:
-                self.maintenance.after_batch(written)
             result.skipped = result.tables == 0 and bool(overview.tables)
         finally:
             df.unpersist()
@@ -306,6 +304,9 @@ class LakeBatchWriter:
                 "seconds": round(result.seconds, 3),
             },
         )
+        # after the batch's timing (its lag and duration are its commits') and its unpersist
+        if self.maintenance is not None:
+            self.maintenance.after_batch(written)
         return result
 
     def _apply_table(

@@ -358,7 +358,10 @@ class LakeSettings(_Model):
     vacuum_retention_hours: int = Field(
         default=168,
         ge=0,
-        description="how long replaced files stay for readers of older versions (Delta: 168)",
+        description=(
+            "how long replaced files stay for readers of older versions (Delta: 168); files "
+            "no version used are removed once that old, and only with 1 hour or more"
+        ),
     )
     vacuum_interval: float = Field(
         default=3600.0,

@@ -15,13 +15,18 @@ batch, for each Delta table it wrote (``Maintenance.after_batch``):
   insert-only mirror took 0.5, 0.8, then 1.2 s (one per 100 batches), with 16 MB 0.5 to
   0.7 s each (and a copy-on-write MERGE rewrites smaller files). One
   commit, tagged ``{"pgcdc": {"operation": "compact"}}``; it changes no row, so it needs no
-  application transaction and a replayed batch is still recognised by its own;
+  application transaction and a replayed batch is still recognised by its own. Small files
+  a compaction cannot merge (one between two files of the target size) do not count
+  towards the next;
 * **vacuum**: at most once every ``[lake] vacuum_interval`` seconds (3600) per table and
   process, the files no version of the last
   ``[lake] vacuum_retention_hours`` (168, Delta's default) uses any more are deleted
   (delta-rs ``vacuum``): the files compaction and copy-on-write MERGEs replaced, and files no
-  version ever used (a write killed before its commit) once they are that old. Time travel to
-  versions older than that then fails, as it does after Delta's own ``VACUUM``.
+  version ever used (a write killed before its commit) once they are that old (with a
+  retention of an hour at least: younger ones may be another writer's, not committed yet).
+  Every file in the table's folder not used by the log is such a file: keep nothing else
+  there. Time travel to versions older than that then fails, as it does after Delta's own
+  ``VACUUM``.
 
 Maintenance never fails a batch: its data is committed before, and a compaction or vacuum that
 fails (a full disk, say) leaves the table as it was; it is logged as a warning and tried again
@@ -49,8 +54,11 @@ log = logging.getLogger("pgcdc.lake")
 
 #: the custom commit metadata of a compaction
 COMPACT_METADATA = {"pgcdc": {"operation": "compact"}}
+#: per table: when this process last vacuumed it (monotonic clock)
 _vacuumed: dict[Path, float] = {}
-_vacuumed_lock = threading.Lock()
+#: per table: the small files the last compaction left (those it could not merge)
+_left_small: dict[Path, int] = {}
+_lock = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +76,21 @@ class Maintenance:
     def after_batch(self, targets: Iterable[tuple[str, DeltaTarget]]) -> None:
         """Compact and vacuum, when due, each ``(name, target)`` a batch wrote."""
         for name, target in targets:
-            try:
-                self.compact(name, target)
-                self.vacuum_if_due(name, target)
-            except Exception as exc:  # never fails the batch: nothing of it depends on this
-                log.warning(
-                    "maintenance of %s failed (%s: %s); tried again after a later batch",
-                    name,
-                    type(exc).__name__,
-                    str(exc)[:300],
-                )
+            for step in (self.compact, self.vacuum_if_due):
+                try:
+                    step(name, target)
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                # never fails the batch, whose commits are done: nothing of it depends on this.
+                # BaseException: a panic in delta-rs arrives as pyo3's PanicException
+                except BaseException as exc:
+                    log.warning(
+                        "maintenance (%s) of %s failed (%s: %s); tried again after a later batch",
+                        step.__name__,
+                        name,
+                        type(exc).__name__,
+                        str(exc)[:300],
+                    )
 
     def small_files(self, target: DeltaTarget) -> int:
         """How many of the table's files are smaller than a quarter of the target size."""
@@ -88,11 +101,18 @@ class Maintenance:
         return int(pc.sum(pc.less(sizes, self.target_file_size // 4)).as_py() or 0)
 
     def compact(self, name: str, target: DeltaTarget) -> bool:
-        """Compact the table if it holds ``compact_files`` small files; whether it did."""
+        """Compact the table if it holds ``compact_files`` small files more than the last
+        compaction left; whether it did.
+
+        A compaction can leave small files it cannot merge (one between two files of the
+        target size or more, say): those do not count, else every batch would compact again
+        and do nothing."""
         if self.compact_files <= 0:
             return False
         small = self.small_files(target)
-        if small < self.compact_files:
+        with _lock:
+            left = _left_small.get(target.path, 0)
+        if small - left < self.compact_files:
             return False
         table = target.table()
         assert table is not None
@@ -101,12 +121,18 @@ class Maintenance:
             target_size=self.target_file_size,
             commit_properties=CommitProperties(custom_metadata=COMPACT_METADATA),
         )
-        log.info(
-            "compacted %s: %s files into %s (%.2f s)",
+        seconds = time.monotonic() - started
+        remaining = self.small_files(target)
+        with _lock:
+            _left_small[target.path] = remaining
+        log.log(
+            logging.INFO if metrics.get("numFilesRemoved") else logging.DEBUG,
+            "compacted %s: %s files into %s, %d small files left (%.2f s)",
             name,
             metrics.get("numFilesRemoved"),
             metrics.get("numFilesAdded"),
-            time.monotonic() - started,
+            remaining,
+            seconds,
             extra={"table": name, "files_removed": metrics.get("numFilesRemoved")},
         )
         return True
@@ -118,11 +144,10 @@ class Maintenance:
         if not self.vacuum:
             return 0
         now = time.monotonic() if now is None else now
-        with _vacuumed_lock:
+        with _lock:
             last = _vacuumed.get(target.path)
             if last is not None and now - last < self.vacuum_interval:
                 return 0
-            _vacuumed[target.path] = now
         table = target.table()
         if table is None:
             return 0
@@ -131,9 +156,12 @@ class Maintenance:
             dry_run=False,
             # below Delta's default of 7 days only when the configuration says so
             enforce_retention_duration=self.vacuum_retention_hours >= 168,
-            # also the files no version ever referenced (a write killed before its commit)
-            full=True,
+            # also the files no version ever referenced (a write killed before its commit),
+            # once an hour old at least: younger ones may be another writer's, not committed yet
+            full=self.vacuum_retention_hours >= 1,
         )
+        with _lock:  # after it succeeded: a failed vacuum is tried again after the next batch
+            _vacuumed[target.path] = now
         log.debug(
             "vacuumed %s: %d replaced files past %d hours (deleted now or before)",
             name,
