@@ -98,6 +98,14 @@ def test_one_writer_at_a_time_and_settings_that_choose_themselves(
     taken = launch_options(home, {}, roots)
     assert taken is not None and taken.writer is not None
     taken.writer.finish(None)
+    # ... and one of a process gone whose pid came round again (this one: another start time)
+    taken.writer.lock.write_text(f"{os.getpid()} 1")
+    reused = launch_options(home, {}, roots)
+    assert reused is not None and reused.writer is not None
+    reused.writer.finish(None)
+    assert not reused.writer.lock.exists()
+    # a cache folder whose path has white space: Spark would split the JVM option there
+    assert launch_options(home, {}, [tmp_path / "my cache"]) is None
     # an archive made for these settings is mapped; other jars make another archive
     archive = again.writer.archive
     archive.write_bytes(b"archive")
@@ -151,9 +159,17 @@ def test_an_archive_that_does_not_map_is_never_installed(spark: Any, tmp_path: P
     recent.write_bytes(b"recent")
     month_ago = time.time() - 31 * 86400
     os.utime(old, (month_ago, month_ago))
+    # ... and what writers of other archives, gone, left a day ago or more
+    left = [tmp_path / ".writing-spark-classes-gone.77.jsa", tmp_path / "spark-classes-gone.lock"]
+    fresh = [tmp_path / ".writing-spark-classes-busy.78.jsa", tmp_path / "spark-classes-busy.lock"]
+    for path in left + fresh:
+        path.write_bytes(b"x")
+    for path in left:
+        os.utime(path, (time.time() - 2 * 86400,) * 2)
     installed, writer = finish(source)
     assert installed and writer.archive.read_bytes() == source.read_bytes()
     assert not writer.temporary.exists() and not writer.lock.exists()
     assert not old.exists() and recent.exists()
+    assert not any(p.exists() for p in left) and all(p.exists() for p in fresh)
     # finishing leaves this process's Spark alone (spark_session's exit hook stops it first)
     assert spark.range(3).count() == 3

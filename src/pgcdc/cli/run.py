@@ -326,19 +326,25 @@ def run(args: argparse.Namespace) -> int:
             )
             return 0
         out.say(f"pgcdc run: {config.describe()}", slot=config.source.slot)
-        previous = signal.getsignal(signal.SIGINT)
+        # Ctrl-C, and SIGTERM (systemd, docker, Kubernetes stopping the service): stop after
+        # the batch in progress, so that the process exits normally (its exit hooks run)
+        stopping = (signal.SIGINT, signal.SIGTERM)
+        previous = {signum: signal.getsignal(signum) for signum in stopping}
 
         def interrupt(signum: int, frame: FrameType | None) -> None:
-            out.say("stopping after the current batch ...")
+            out.say(f"{signal.Signals(signum).name}: stopping after the current batch ...")
             pipeline.stop()
 
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, interrupt)
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            for signum in stopping:
+                signal.signal(signum, interrupt)
         try:
             result = pipeline.run(until_caught_up=args.until_caught_up)
         finally:
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGINT, previous)
+            if main:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
         if result.snapshot_rows:
             out.say(
                 f"snapshot: {sum(result.snapshot_rows.values())} rows of "

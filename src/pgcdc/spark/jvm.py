@@ -99,6 +99,32 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _started(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22), or ''."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat[stat.rfind(")") + 2 :].split()  # after the command name, which may hold spaces
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _lock_token() -> str:
+    """What a lock file of this process holds: its pid and start time, so that another process
+    given the same pid later (a writer killed, in a container) does not pass for the writer."""
+    return f"{os.getpid()} {_started(os.getpid())}".strip()
+
+
+def _lock_owner_alive(token: str) -> bool:
+    parts = token.split()
+    if not parts or not parts[0].isdigit() or int(parts[0]) <= 0:
+        return False
+    pid = int(parts[0])
+    if not _alive(pid):
+        return False
+    return len(parts) < 2 or _started(pid) in ("", parts[1])
+
+
 def _take_lock(lock: Path) -> bool:
     """Whether this process may write the archive: a lock file naming it, taken atomically; a
     lock whose process is gone is taken over."""
@@ -107,10 +133,14 @@ def _take_lock(lock: Path) -> bool:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             try:
-                owner = int(lock.read_text().strip() or "0")
-            except (OSError, ValueError):
-                owner = 0
-            if owner and _alive(owner):
+                owner = lock.read_text()
+            except OSError:
+                owner = ""
+            if not owner.strip():  # being written this very moment by the process that took it
+                time.sleep(0.05)
+                with contextlib.suppress(OSError):
+                    owner = lock.read_text()
+            if _lock_owner_alive(owner):
                 return False
             with contextlib.suppress(OSError):
                 lock.unlink()
@@ -118,7 +148,7 @@ def _take_lock(lock: Path) -> bool:
         except OSError:
             return False
         with os.fdopen(fd, "w") as out:
-            out.write(str(os.getpid()))
+            out.write(_lock_token())
         return True
     return False
 
@@ -138,11 +168,22 @@ def _remove_stale(folder: Path, stem: str) -> None:
 
 def _remove_unused(kept: Path) -> None:
     """Other archives nobody used for ``UNUSED_DAYS`` (made for a JDK, jars or options since
-    replaced): each is a few hundred MB."""
-    cutoff = time.time() - UNUSED_DAYS * 86400
+    replaced): each is a few hundred MB; and what writers of other archives that are gone
+    left a day ago or more (temporary archives, locks)."""
+    now = time.time()
+    cutoff = now - UNUSED_DAYS * 86400
     with contextlib.suppress(OSError):
         for entry in kept.parent.glob("spark-classes-*.jsa"):
             if entry != kept and entry.stat().st_mtime < cutoff:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+    with contextlib.suppress(OSError):
+        leftovers = [
+            *kept.parent.glob(f"{_TEMPORARY_PREFIX}spark-classes-*.jsa"),
+            *kept.parent.glob("spark-classes-*.lock"),
+        ]
+        for entry in leftovers:
+            if kept.stem not in entry.name and entry.stat().st_mtime < now - 86400:
                 with contextlib.suppress(OSError):
                     entry.unlink()
 
@@ -216,7 +257,7 @@ class ArchiveWriter:
             with contextlib.suppress(OSError):
                 self.temporary.unlink()
             with contextlib.suppress(OSError):
-                if self.lock.read_text().strip() == str(os.getpid()):
+                if self.lock.read_text().split()[:1] == [str(os.getpid())]:
                     self.lock.unlink()
 
 
@@ -245,6 +286,10 @@ def launch_options(
         return None
     stem = f"spark-classes-{archive_digest(java, spark_home, conf)}"
     for root in roots:
+        if any(c.isspace() or c in "\"'\\" for c in str(root)):
+            # Spark splits spark.driver.extraJavaOptions at white space: the JVM would not start
+            log.debug("no class data archive in %s: its path has white space or quotes", root)
+            continue
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError:

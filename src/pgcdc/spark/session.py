@@ -25,6 +25,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -195,6 +196,10 @@ def spark_session(
     return spark
 
 
+#: seconds the exit hook waits for Spark to stop before it lets the JVM exit anyway
+STOP_TIMEOUT = 120.0
+
+
 def _write_archive(writer: ArchiveWriter) -> None:
     """At exit of a process whose JVM writes the class data archive: stop Spark, then let the
     JVM exit and install what it wrote."""
@@ -202,8 +207,15 @@ def _write_archive(writer: ArchiveWriter) -> None:
 
     context = SparkContext._active_spark_context
     if context is not None:
-        with contextlib.suppress(Exception):  # a context broken already: the JVM exits anyway
-            context.stop()
+
+        def stop() -> None:
+            with contextlib.suppress(Exception):  # a context broken already: the JVM exits anyway
+                context.stop()
+
+        # a wedged JVM must not hang the exit: finish() bounds its own wait for the JVM
+        stopper = threading.Thread(target=stop, name="pgcdc-spark-stop", daemon=True)
+        stopper.start()
+        stopper.join(STOP_TIMEOUT)
     writer.finish(getattr(SparkContext._gateway, "proc", None))
 
 
@@ -213,7 +225,8 @@ def _class_data_sharing(settings: Mapping[str, str]) -> JavaLaunch | None:
     from pyspark import SparkContext
     from pyspark.find_spark_home import _find_spark_home
 
-    if SparkContext._gateway is not None:
+    # a JVM running already, or one spark-submit launched (pyspark connects to its gateway)
+    if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
         return None
     try:
         spark_home = Path(os.environ.get("SPARK_HOME") or _find_spark_home())
