@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import struct
 import sys
 import time
@@ -45,6 +43,7 @@ import pyarrow as pa
 from pgcdc.cluster import Cluster, available_versions
 from pgcdc.protocol import Decoder
 from pgcdc.protocol.columnar import ColumnarDecoder
+from tools.bench.harness import machine_info
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE_DIR = ROOT / ".cache" / "bench"
@@ -400,14 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "ratio_met": ratio >= GOAL_RATIO,
             "rate_met": columnar >= GOAL_RATE,
         },
-        "machine": {
-            "cpus": os.cpu_count(),
-            "load_average": os.getloadavg(),
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "pyarrow": pa.__version__,
-            "platform": platform.platform(),
-        },
+        "machine": {**machine_info(), "numpy": np.__version__, "pyarrow": pa.__version__},
     }
     RESULT_PATH.parent.mkdir(parents=True, exist_ok=True)
     RESULT_PATH.write_text(json.dumps(result, indent=2) + "\n")
