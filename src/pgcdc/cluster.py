@@ -132,7 +132,7 @@ def free_port() -> int:
                 continue
             found: int = s.getsockname()[1]
             return found
-    raise ClusterError("no free loopback port found between 20000 and 32000")
+    raise ClusterError(f"no free loopback port found among {len(candidates)} candidates")
 
 
 @dataclass

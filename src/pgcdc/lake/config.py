@@ -351,8 +351,8 @@ class LakeSettings(_Model):
     vacuum: bool = Field(
         default=True,
         description=(
-            "delete, at most hourly, the files no version of the last vacuum_retention_hours "
-            "uses (replaced by compaction and MERGEs)"
+            "delete, at most every vacuum_interval seconds, the files no version of the last "
+            "vacuum_retention_hours uses (replaced by compaction and MERGEs)"
         ),
     )
     vacuum_retention_hours: int = Field(
