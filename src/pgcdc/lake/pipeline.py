@@ -87,7 +87,7 @@ from pgcdc.replication import (
 )
 from pgcdc.replication.database import connect_sql
 
-__all__ = ["Pipeline", "PipelineError", "RunResult"]
+__all__ = ["Pipeline", "PipelineError", "RunResult", "session_conf"]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -95,6 +95,24 @@ log = logging.getLogger("pgcdc.lake")
 MAX_SCHEMA_RESTARTS = 50
 #: Initial copies started in one run when tables keep being rewritten under them.
 MAX_COPY_ATTEMPTS = 3
+#: rows of a cached (persisted) micro-batch's column batches, unless [spark.conf] sets it
+CACHE_BATCH_ROWS_KEY = "spark.sql.inMemoryColumnarStorage.batchSize"
+CACHE_BATCH_ROWS = 1000
+
+
+def session_conf(config: PipelineConfig) -> dict[str, str]:
+    """The Spark settings of the session a pipeline starts: ``[spark.conf]``, with defaults for
+    what it leaves out (``[spark] driver_host``, the cached batch size below)."""
+    conf = dict(config.spark.conf)
+    if config.spark.driver_host:
+        conf.setdefault("spark.driver.host", config.spark.driver_host)
+    # Each micro-batch is persisted (read by the overview, then per table). Spark's columnar
+    # cache builds batches of 10,000 rows, and the block store unrolls a partition's batches
+    # before it checks its memory: with rows of about 1 kB (a partition holds whole
+    # transactions), a 512 MiB driver ran out of heap persisting a 540 MB transaction. With
+    # 1,000 rows it spills in time (1 GB transactions then pass with that heap), as fast.
+    conf.setdefault(CACHE_BATCH_ROWS_KEY, str(CACHE_BATCH_ROWS))
+    return conf
 
 
 class PipelineError(RuntimeError):
@@ -162,9 +180,7 @@ class Pipeline:
         if self._spark is None:
             from pgcdc.spark import spark_session
 
-            conf = dict(self.config.spark.conf)
-            if self.config.spark.driver_host:
-                conf.setdefault("spark.driver.host", self.config.spark.driver_host)
+            conf = session_conf(self.config)
             try:
                 self._spark = spark_session(
                     master=self.config.spark.master, app_name=self.config.spark.app_name, conf=conf
