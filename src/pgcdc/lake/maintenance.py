@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties
+from deltalake import CommitProperties, DeltaTable
 
 from pgcdc.lake.writer import DeltaTarget
 
@@ -95,8 +95,9 @@ class Maintenance:
     def small_files(self, target: DeltaTarget) -> int:
         """How many of the table's files are smaller than a quarter of the target size."""
         table = target.table()
-        if table is None:
-            return 0
+        return 0 if table is None else self._small_files(table)
+
+    def _small_files(self, table: DeltaTable) -> int:
         sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
         return int(pc.sum(pc.less(sizes, self.target_file_size // 4)).as_py() or 0)
 
@@ -109,13 +110,14 @@ class Maintenance:
         and do nothing."""
         if self.compact_files <= 0:
             return False
-        small = self.small_files(target)
+        table = target.table()
+        if table is None:
+            return False
+        small = self._small_files(table)
         with _lock:
             left = _left_small.get(target.path, 0)
         if small - left < self.compact_files:
             return False
-        table = target.table()
-        assert table is not None
         started = time.monotonic()
         metrics = table.optimize.compact(
             target_size=self.target_file_size,
