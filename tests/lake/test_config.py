@@ -173,3 +173,25 @@ def test_session_conf_defaults_what_spark_conf_leaves_out(tmp_path: Path) -> Non
     conf = session_conf(load_config(path))
     assert conf[CACHE_BATCH_ROWS_KEY] == "5000"
     assert conf["spark.driver.host"] == "10.0.0.2"
+
+
+def test_maintenance_settings() -> None:
+    """[lake]'s maintenance keys default to ``Maintenance``'s defaults and reach it as set."""
+    from pgcdc.lake.maintenance import Maintenance
+
+    assert parse_config(BASE).lake.maintenance() == Maintenance()
+    lake = {
+        "path": "/tmp/lake",
+        "compact_files": 0,
+        "target_file_size": "32MB",
+        "vacuum": False,
+        "vacuum_retention_hours": 2,
+        "vacuum_interval": 60,
+    }
+    assert parse_config({**BASE, "lake": lake}).lake.maintenance() == Maintenance(
+        compact_files=0,
+        target_file_size=32 << 20,
+        vacuum=False,
+        vacuum_retention_hours=2,
+        vacuum_interval=60.0,
+    )

@@ -95,6 +95,7 @@ from pydantic import (
     model_validator,
 )
 
+from pgcdc.lake.maintenance import Maintenance
 from pgcdc.replication import scrub_secrets
 
 __all__ = [
@@ -308,6 +309,10 @@ class MetricsSettings(_Model):
     addr: str = Field(default="127.0.0.1", min_length=1, description="address to listen on")
 
 
+#: the maintenance defaults (written once, in ``Maintenance``)
+_MAINTENANCE = Maintenance()
+
+
 class LakeSettings(_Model):
     """``[lake]``: where the Delta tables live and which kinds every table gets by default."""
 
@@ -333,7 +338,7 @@ class LakeSettings(_Model):
     )
 
     compact_files: int = Field(
-        default=100,
+        default=_MAINTENANCE.compact_files,
         ge=0,
         description=(
             "compact a Delta table once it holds this many files smaller than a quarter of "
@@ -341,7 +346,7 @@ class LakeSettings(_Model):
         ),
     )
     target_file_size: Size = Field(
-        default=16 << 20,
+        default=_MAINTENANCE.target_file_size,
         ge=1 << 20,
         description=(
             "the size compaction rewrites small files into (or '16MB'); every compaction "
@@ -349,14 +354,14 @@ class LakeSettings(_Model):
         ),
     )
     vacuum: bool = Field(
-        default=True,
+        default=_MAINTENANCE.vacuum,
         description=(
             "delete, at most every vacuum_interval seconds, the files no version of the last "
             "vacuum_retention_hours uses (replaced by compaction and MERGEs)"
         ),
     )
     vacuum_retention_hours: int = Field(
-        default=168,
+        default=_MAINTENANCE.vacuum_retention_hours,
         ge=0,
         description=(
             "how long replaced files stay for readers of older versions (Delta: 168); files "
@@ -364,10 +369,20 @@ class LakeSettings(_Model):
         ),
     )
     vacuum_interval: float = Field(
-        default=3600.0,
+        default=_MAINTENANCE.vacuum_interval,
         ge=0,
         description="seconds between two vacuums of a Delta table (each lists its folder)",
     )
+
+    def maintenance(self) -> Maintenance:
+        """When to compact and vacuum the Delta tables, as these settings say."""
+        return Maintenance(
+            compact_files=self.compact_files,
+            target_file_size=self.target_file_size,
+            vacuum=self.vacuum,
+            vacuum_retention_hours=self.vacuum_retention_hours,
+            vacuum_interval=self.vacuum_interval,
+        )
 
     @field_validator("path", mode="before")
     @classmethod

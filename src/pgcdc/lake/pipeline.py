@@ -59,7 +59,6 @@ from pgcdc.lake.batch import (
 )
 from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source, source_columns
 from pgcdc.lake.config import ConfigError, PipelineConfig
-from pgcdc.lake.maintenance import Maintenance
 from pgcdc.lake.monitor import (
     BatchEvents,
     Observer,
@@ -631,13 +630,7 @@ class Pipeline:
             fail_after=self._fail_after,
             rows_per_commit=self.config.lake.rows_per_commit,
             bytes_per_commit=self.commit_bytes(),
-            maintenance=Maintenance(
-                compact_files=self.config.lake.compact_files,
-                target_file_size=self.config.lake.target_file_size,
-                vacuum=self.config.lake.vacuum,
-                vacuum_retention_hours=self.config.lake.vacuum_retention_hours,
-                vacuum_interval=self.config.lake.vacuum_interval,
-            ),
+            maintenance=self.config.lake.maintenance(),
         )
         self.drop_gone_columns()
         options: dict[str, Any] = {}
