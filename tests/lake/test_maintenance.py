@@ -61,10 +61,13 @@ def test_small_files_are_compacted_and_replaced_files_vacuumed(tmp_path: Path) -
     two_hours_ago = time.time() - 7200
     os.utime(orphan, (two_hours_ago, two_hours_ago))
     later = Maintenance(compact_files=0, vacuum_retention_hours=0)
-    assert later.vacuum_if_due("t", target, now=later.vacuum_interval * 10) > 0
+    # past the interval after the vacuum above, whose time is the real monotonic clock (the
+    # machine's uptime: a fixed time is within the interval of it on a machine up long enough)
+    clock = time.monotonic()
+    assert later.vacuum_if_due("t", target, now=clock + later.vacuum_interval * 10) > 0
     assert _parquet_on_disk(tmp_path / "t") == 3 and orphan.exists() and young.exists()
     hourly = Maintenance(compact_files=0, vacuum_retention_hours=1)
-    hourly.vacuum_if_due("t", target, now=hourly.vacuum_interval * 20)
+    hourly.vacuum_if_due("t", target, now=clock + hourly.vacuum_interval * 20)
     assert not orphan.exists() and young.exists()
     assert _parquet_on_disk(tmp_path / "t") == 2
     assert sorted(target.read().column("id").to_pylist()) == sorted(rows + list(range(20)))
