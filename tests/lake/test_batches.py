@@ -333,6 +333,53 @@ def test_range_chunks_read_only_their_own_keys(spark: Any, tmp_path: Path) -> No
     assert ranges == [(1, 10), (11, 20), (21, 30), (31, 40)]
 
 
+def test_range_boundaries_from_the_events_keys_are_the_rows_boundaries(spark: Any) -> None:
+    """A staged mirror or history split by key ranges finds its boundaries in the events' key
+    columns (``mirror_keys``, ``history_keys``) rather than in its rows (an aggregation of
+    every event's values): the same distinct keys, so every row gets the chunk the rows'
+    own boundaries give it (as a replay of a batch an older pgcdc split must)."""
+    from pyspark.sql import functions as F
+
+    from pgcdc.lake.changes import batch_overview, image_columns, resolve_unchanged, table_events
+    from pgcdc.lake.history import history_keys, history_rows
+    from pgcdc.lake.mirror import mirror_keys, mirror_rows
+    from pgcdc.lake.stage import range_chunks
+
+    many = [ch("I", 900, k, (k, f"v{k}", None)) for k in range(40, 0, -1)]
+    many += [ch("U", 910, k, (k, f"w{k}", None)) for k in range(1, 41, 3)]
+    many += [ch("D", 920, k, old_key=k) for k in range(2, 41, 5)]
+    many += [ch("D", 930, 0, old_key=77), ch("I", 930, 1, (None, "n", None))]
+    many += [ch("I", 940, 0, (50, "x", None)), ch("T", 940, 1), ch("I", 940, 2, (60, "y", None))]
+
+    def distinct(frame: Any) -> set[int]:
+        return {r[0] for r in frame.select("id").where("id IS NOT NULL").distinct().collect()}
+
+    splits = 0
+    for rows in [*BATCHES, many, many[:-3]]:
+        df = spark.createDataFrame(rows, schema())
+        info = batch_overview(df, {"public.t": COLUMN}).tables["public.t"]
+        _, names = image_columns(df, COLUMN)
+        resolved = resolve_unchanged(
+            table_events(df, TABLE, COLUMN, names),
+            names,
+            info.unchanged_columns,
+            TABLE.keys,
+            rekeyed=info.old_with_unchanged > 0,
+        )
+        for build, keys in ((mirror_rows, mirror_keys), (history_rows, history_keys)):
+            frame = build(resolved, TABLE, names, info)
+            key_frame = keys(resolved, TABLE, info)
+            assert distinct(key_frame) == distinct(frame)
+            n = 4
+            chunked = frame.select(
+                range_chunks(frame, "id", n).alias("by_rows"),
+                range_chunks(frame, "id", n, keys=key_frame).alias("by_keys"),
+            )
+            assert chunked.where(F.col("by_rows") != F.col("by_keys")).count() == 0
+            splits += chunked.select("by_rows").distinct().count() == n
+    assert splits >= 2  # the batch of 40 keys, in each of mirror and history
+
+
 def test_a_replay_splits_the_batch_as_the_interrupted_attempt_did(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -39,12 +39,13 @@ from pgcdc.lake.changes import (
     resolve_unchanged,
     table_events,
 )
-from pgcdc.lake.history import history_rows, merge_history
+from pgcdc.lake.history import history_keys, history_rows, merge_history
 from pgcdc.lake.maintenance import Maintenance
 from pgcdc.lake.mirror import (
     last_per_key,
     merge_mirror,
     mirror_events,
+    mirror_keys,
     mirror_rows,
     reducible_keys,
 )
@@ -380,6 +381,7 @@ class LakeBatchWriter:
                     "mirror",
                     target=targets["mirror"],
                     build=lambda: mirror_rows(resolved, table, names, info),
+                    key_frame=lambda: mirror_keys(resolved, table, info),
                     collect=collect_mirror,
                     apply=apply_mirror,
                     commits=commits,
@@ -392,6 +394,7 @@ class LakeBatchWriter:
                     "history",
                     target=targets["history"],
                     build=lambda: history_rows(resolved, table, names, info),
+                    key_frame=lambda: history_keys(resolved, table, info),
                     apply=lambda rows, chunk: merge_history(
                         targets["history"],
                         rows,
@@ -447,11 +450,14 @@ class LakeBatchWriter:
         commits: int,
         chunks: int = 1,
         collect: Callable[[], pa.Table | None] | None = None,
+        key_frame: Callable[[], Any] | None = None,
     ) -> int:
         """Build one Delta table's rows in Spark (``build`` gives the DataFrame) and ``apply``
         them: collected as Arrow in one Delta commit (by ``collect``, a cheaper way to the
         same rows, unless it gives None), or (``chunks`` > 1) staged by the
         executors and applied chunk by chunk, skipping the chunks a failed attempt committed.
+        A split by key ranges finds its boundaries in ``key_frame()`` (the rows' key columns, a
+        cheaper DataFrame with the same distinct keys) unless the rows have root columns.
         Logs the time each side took and counts the commits (``fail_after`` injects a failure
         after that many commits, for tests)."""
         previous = target.partial_chunks(self.app_id, batch_id)
@@ -501,7 +507,13 @@ class LakeBatchWriter:
             if split is None:
                 split = "range" if range_splittable(frame, keys) else "hash"
             if split == "range":
-                by = range_chunks(frame, keys[0], chunks, root=roots[0] if roots else None)
+                by = range_chunks(
+                    frame,
+                    keys[0],
+                    chunks,
+                    root=roots[0] if roots else None,
+                    keys=None if roots or key_frame is None else key_frame(),
+                )
             else:
                 by = hash_chunks(keys, chunks, roots=roots)
             chunked = frame.withColumn(CHUNK, by)

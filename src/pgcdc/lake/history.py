@@ -64,7 +64,7 @@ from pgcdc.lake.writer import (
     execute_merge,
 )
 
-__all__ = ["ACTION", "history_rows", "history_schema", "merge_history"]
+__all__ = ["ACTION", "history_keys", "history_rows", "history_schema", "merge_history"]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -80,6 +80,27 @@ HISTORY_FIELDS = (
 )
 
 
+def _live_events(resolved: Any, overview: TableOverview) -> Any:
+    """The events that make versions: not those a TRUNCATE later in their own commit voids."""
+    from pyspark.sql import functions as F
+
+    voided = None
+    for t in overview.truncates:
+        cond = (F.col(EV_LSN) == F.lit(t.lsn)) & (F.col(EV_POS) < F.lit(t.position))
+        voided = cond if voided is None else voided | cond
+    return resolved if voided is None else resolved.where(~voided)
+
+
+def history_keys(resolved: Any, table: LakeTable, overview: TableOverview) -> Any:
+    """The key columns of ``history_rows``' rows, a row per event (a Spark DataFrame): the
+    same distinct keys (each key with an event has a close row, and versions of no others),
+    without grouping every event's values, for ``range_chunks``' boundaries."""
+    from pyspark.sql import functions as F
+
+    events = _live_events(resolved, overview)
+    return events.select(*[F.col(EV_KEY).getField(k).alias(k) for k in table.keys])
+
+
 def history_rows(
     resolved: Any, table: LakeTable, columns: Sequence[str], overview: TableOverview
 ) -> Any:
@@ -87,14 +108,8 @@ def history_rows(
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    events = resolved
+    events = _live_events(resolved, overview)
     truncates = overview.truncates
-    voided = None
-    for t in truncates:
-        cond = (F.col(EV_LSN) == F.lit(t.lsn)) & (F.col(EV_POS) < F.lit(t.position))
-        voided = cond if voided is None else voided | cond
-    if voided is not None:
-        events = events.where(~voided)
 
     payload = [c for c in events.columns if c not in (EV_KEY, EV_LSN)]
     collapsed = events.groupBy(EV_KEY, EV_LSN).agg(

@@ -58,6 +58,7 @@ __all__ = [
     "last_per_key",
     "merge_mirror",
     "mirror_events",
+    "mirror_keys",
     "mirror_rows",
     "reducible_keys",
     "sql_name",
@@ -133,6 +134,16 @@ def mirror_rows(
     )
     r = F.col("r")
     return last.select(*_mirror_columns(r.getField, table, columns, overview))
+
+
+def mirror_keys(resolved: Any, table: LakeTable, overview: TableOverview) -> Any:
+    """The key columns of ``mirror_rows``' rows, a row per event (a Spark DataFrame): the same
+    distinct keys, without grouping every event's values, for ``range_chunks``' boundaries
+    (where the rows have no root columns: a row's root is its last event's)."""
+    from pyspark.sql import functions as F
+
+    events = _events_after_truncate(resolved, overview)
+    return events.select(*[F.col(EV_KEY).getField(k).alias(k) for k in table.keys])
 
 
 #: the event order of ``mirror_events`` rows, dropped by ``last_per_key``

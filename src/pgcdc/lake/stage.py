@@ -100,7 +100,7 @@ def range_splittable(df: Any, columns: Sequence[str]) -> bool:
     )
 
 
-def range_chunks(df: Any, column: str, n: int, *, root: str | None = None) -> Any:
+def range_chunks(df: Any, column: str, n: int, *, root: str | None = None, keys: Any = None) -> Any:
     """The chunk number (0 to ``n`` - 1) of a row of ``df`` (a Spark column expression) by
     ranges of its chunk key (``column``, or ``root`` where set): the distinct keys in order,
     cut into ``n`` runs of as equal a number of keys as can be (``ntile``; rows with a NULL key
@@ -110,14 +110,18 @@ def range_chunks(df: Any, column: str, n: int, *, root: str | None = None) -> An
 
     Runs a Spark job over the keys alone (the rows are not joined or moved) and returns an
     expression comparing each key with the ``n`` - 1 boundaries found. Deterministic: the same
-    rows give the same chunks."""
+    distinct keys give the same boundaries. The keys are read from ``keys`` if given: a
+    DataFrame with the same distinct chunk keys as ``df`` in the same columns, cheaper to
+    compute (``df`` may be an aggregation of every row's values, which the staging then
+    computes again)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     key = F.col(quote_column(column))
     if root is not None:
         key = F.coalesce(F.col(quote_column(root)), key)
-    keys = df.select(key.alias("k")).where(F.col("k").isNotNull()).distinct()
+    source = df if keys is None else keys
+    keys = source.select(key.alias("k")).where(F.col("k").isNotNull()).distinct()
     tiles = keys.withColumn("t", F.ntile(n).over(Window.orderBy("k")))
     # the last key of each run but the last: a key above the i-th boundary is past run i
     ends = tiles.groupBy("t").agg(F.max("k").alias("k")).orderBy("t").collect()
