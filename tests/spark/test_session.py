@@ -1,17 +1,19 @@
 """spark_session's Spark home for local sessions (``python_spark_home``): pyspark's own home
 linked without ``python/lib/pyspark.zip``, so the Python workers Spark starts import the
 installed (compiled) pyspark, not the zip's uncompiled copy; made once, reused after; none
-where the cache folder cannot be made."""
+where the cache folder cannot be made. The driver JVM's options (``driver_java_options``)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pyspark
 
-from pgcdc.spark.session import python_spark_home
+from pgcdc.spark.jvm import java_binary
+from pgcdc.spark.session import driver_java_options, python_spark_home
 
 
 def test_the_home_links_everything_but_the_pyspark_zip(tmp_path: Path) -> None:
@@ -48,3 +50,41 @@ def test_workers_of_a_local_session_import_the_installed_pyspark(spark: Any) -> 
 
     found = spark.sparkContext.parallelize([0, 1], 2).map(where).collect()
     assert found == [installed, installed]
+
+
+def test_the_driver_jvm_exits_on_out_of_memory_and_has_4_mib_g1_regions(spark: Any) -> None:
+    """The tests' session has Spark's default 1 GiB heap: G1 would make 1 MiB regions, and
+    every array just over 1 MiB would take two."""
+    jvm = spark.sparkContext._jvm
+    management = jvm.java.lang.management.ManagementFactory
+    arguments = list(management.getRuntimeMXBean().getInputArguments())
+    assert "-XX:+ExitOnOutOfMemoryError" in arguments
+    hotspot = management.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    assert hotspot.getVMOption("G1HeapRegionSize").getValue() == str(4 << 20)
+    assert hotspot.getVMOption("ExitOnOutOfMemoryError").getValue() == "true"
+
+
+def test_the_configuration_s_java_options_come_after_pgcdc_s() -> None:
+    assert driver_java_options({}) == "-XX:+ExitOnOutOfMemoryError -XX:G1HeapRegionSize=4m"
+    assert driver_java_options({"spark.driver.memory": "7g"}).endswith("G1HeapRegionSize=4m")
+    # from 8 GiB G1's own regions are 4 MiB or larger
+    for memory in ("8g", "8192m", "32g"):
+        options = driver_java_options({"spark.driver.memory": memory})
+        assert options == "-XX:+ExitOnOutOfMemoryError", memory
+    own = "-XX:G1HeapRegionSize=8m -Dpgcdc.test=1"
+    conf = {"spark.driver.memory": "512m", "spark.driver.extraJavaOptions": own}
+    options = driver_java_options(conf)
+    assert options == f"-XX:+ExitOnOutOfMemoryError -XX:G1HeapRegionSize=4m {own}"
+    # the JVM takes the later value of an option: the configuration's
+    java = java_binary()
+    assert java is not None
+    flags = subprocess.run(
+        [str(java), *options.split(), "-XX:+PrintFlagsFinal", "-version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    region = [line.split() for line in flags.splitlines() if " G1HeapRegionSize " in line]
+    assert region and region[0][3] == str(8 << 20), region
