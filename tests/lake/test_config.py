@@ -155,23 +155,28 @@ def test_lake_paths_are_safe() -> None:
 def test_session_conf_defaults_what_spark_conf_leaves_out(tmp_path: Path) -> None:
     """The pipeline's Spark session caches micro-batches in column batches of 1,000 rows (a
     512 MiB driver ran out of heap persisting a 540 MB transaction in Spark's 10,000-row
-    batches) unless [spark.conf] says otherwise; [spark] driver_host is a default too."""
-    from pgcdc.lake.pipeline import CACHE_BATCH_ROWS_KEY, session_conf
+    batches), and its Java serializer streams forget each object after it (a reader of the
+    cached batch held 100), unless [spark.conf] says otherwise; [spark] driver_host is a
+    default too."""
+    from pgcdc.lake.pipeline import CACHE_BATCH_ROWS_KEY, STREAM_RESET_KEY, session_conf
 
     path = tmp_path / "pipeline.toml"
     path.write_text(GOOD)
     conf = session_conf(load_config(path))
     assert conf[CACHE_BATCH_ROWS_KEY] == "1000"
+    assert conf[STREAM_RESET_KEY] == "1"
     assert conf["spark.executor.memory"] == "2g"
     assert "spark.driver.host" not in conf
     path.write_text(
         GOOD.replace(
             "[spark.conf]\n",
-            f'driver_host = "10.0.0.2"\n[spark.conf]\n"{CACHE_BATCH_ROWS_KEY}" = 5000\n',
+            f'driver_host = "10.0.0.2"\n[spark.conf]\n"{CACHE_BATCH_ROWS_KEY}" = 5000\n'
+            f'"{STREAM_RESET_KEY}" = 100\n',
         )
     )
     conf = session_conf(load_config(path))
     assert conf[CACHE_BATCH_ROWS_KEY] == "5000"
+    assert conf[STREAM_RESET_KEY] == "100"
     assert conf["spark.driver.host"] == "10.0.0.2"
 
 

@@ -176,6 +176,20 @@ def _lsn(value: int | None) -> str:
     return "-" if value is None else str(Lsn(value))
 
 
+def cache_level() -> Any:
+    """How a batch's rows (and its resolved events, when two tables read them) are cached:
+    serialized in memory, else on disk (``MEMORY_AND_DISK``), not ``DataFrame.persist``'s
+    default ``MEMORY_AND_DISK_DESER``. A batch larger than Spark's storage memory goes to disk
+    either way, but a deserialized one is unrolled into memory again by every later read, as
+    far as memory lasts, and memory a task is unrolling into cannot be taken back for another
+    task's sort: with a 512 MiB driver heap, a 200 MB transaction into a table with a history
+    table failed ("Unable to acquire 65536 bytes of memory, got 0"). A serialized block on disk
+    is read into memory only when all of it fits, and otherwise read from the disk."""
+    from pyspark import StorageLevel
+
+    return StorageLevel.MEMORY_AND_DISK
+
+
 @dataclass(frozen=True)
 class LakeBatchWriter:
     """Applies micro-batches of the source's DataFrame to the lake (picklable)."""
@@ -221,7 +235,7 @@ class LakeBatchWriter:
         columns = dict(self.table_columns)
         known = {t.table_id for t in self.tables}
         written: list[tuple[str, DeltaTarget]] = []  # for maintenance, after the batch
-        df = df.persist()
+        df = df.persist(cache_level())
         try:
             clock = time.monotonic()
             overview = batch_overview(df, columns)
@@ -348,7 +362,7 @@ class LakeBatchWriter:
                 rekeyed=info.old_with_unchanged > 0,
             )
             if "mirror" in targets and "history" in targets and info.unchanged_columns:
-                resolved = resolved.persist()
+                resolved = resolved.persist(cache_level())
         try:
             if "mirror" in targets:
 

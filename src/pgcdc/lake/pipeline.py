@@ -97,11 +97,16 @@ MAX_COPY_ATTEMPTS = 3
 #: rows of a cached (persisted) micro-batch's column batches, unless [spark.conf] sets it
 CACHE_BATCH_ROWS_KEY = "spark.sql.inMemoryColumnarStorage.batchSize"
 CACHE_BATCH_ROWS = 1000
+#: Java serialization streams forget the objects they wrote or read after this many, unless
+#: [spark.conf] sets it
+STREAM_RESET_KEY = "spark.serializer.objectStreamReset"
+STREAM_RESET = 1
 
 
 def session_conf(config: PipelineConfig) -> dict[str, str]:
     """The Spark settings of the session a pipeline starts: ``[spark.conf]``, with defaults for
-    what it leaves out (``[spark] driver_host``, the cached batch size below)."""
+    what it leaves out (``[spark] driver_host``, the cached batch size and the serializer's
+    reset interval below)."""
     conf = dict(config.spark.conf)
     if config.spark.driver_host:
         conf.setdefault("spark.driver.host", config.spark.driver_host)
@@ -111,6 +116,12 @@ def session_conf(config: PipelineConfig) -> dict[str, str]:
     # transactions), a 512 MiB driver ran out of heap persisting a 540 MB transaction. With
     # 1,000 rows it spills in time (1 GB transactions then pass with that heap), as fast.
     conf.setdefault(CACHE_BATCH_ROWS_KEY, str(CACHE_BATCH_ROWS))
+    # The batch is cached serialized (``pgcdc.lake.batch.cache_level``) by Spark's Java
+    # serializer, whose streams keep every object they read until a reset the writer puts in
+    # every ``objectStreamReset`` objects (100 by default): 100 column batches of up to 1 MB
+    # each per reader. A heap dump of a 1 GiB driver that ran out of heap staging a 1 GB
+    # transaction held some 95 of them in two readers. Reset after each (each is large).
+    conf.setdefault(STREAM_RESET_KEY, str(STREAM_RESET))
     return conf
 
 
