@@ -121,8 +121,8 @@ def range_chunks(df: Any, column: str, n: int, *, root: str | None = None, keys:
     if root is not None:
         key = F.coalesce(F.col(quote_column(root)), key)
     source = df if keys is None else keys
-    keys = source.select(key.alias("k")).where(F.col("k").isNotNull()).distinct()
-    tiles = keys.withColumn("t", F.ntile(n).over(Window.orderBy("k")))
+    distinct = source.select(key.alias("k")).where(F.col("k").isNotNull()).distinct()
+    tiles = distinct.withColumn("t", F.ntile(n).over(Window.orderBy("k")))
     # the last key of each run but the last: a key above the i-th boundary is past run i
     ends = tiles.groupBy("t").agg(F.max("k").alias("k")).orderBy("t").collect()
     chunk = F.lit(0)
