@@ -58,19 +58,21 @@ LIMITS = {
     ),
     "memory": (
         "Spark itself, not the transaction: at the issue's full sizes (0.27 to 2.15 GB of WAL "
-        "in one transaction) the peak is flat at 2.8-3.0 GiB, the same with streaming on or "
+        "in one transaction) the peak is flat at 2.7-3.0 GiB, the same with streaming on or "
         "off (the receiver spools to disk either way; a micro-batch holds the transaction, "
         "staged by the executors in chunks of [lake] bytes_per_commit, 128 MB of values with "
         "this heap). A run with nothing to do takes 0.82 GB (the JVM 0.35, the driver 0.16, "
         "the streaming source's runner 0.11, Spark's Python daemons and their forks). Under "
-        "load the JVM grows its heap to its 1 GB limit whatever the live data (1.5 GB in all), "
+        "load the JVM grows its heap to its 1 GB limit whatever the live data (1.36-1.49 GB "
+        "in all; about 1.6 GB before the batch was cached serialized with 4 MB G1 regions), "
         "Spark's Python processes take about 1.05 GB summed over some 15 (a daemon per worker "
         "kind: data source lookup, creation, planning, writing, committing, the executors' "
         "workers; each keeps a forked worker for a minute; PSS is 0.4 GB less), the driver "
         "0.44 GB. spark.python.worker.reuse = false saves about 0.5 GB at the peak (planning "
         "workers exit after use) but costs each batch about 0.4 s (catch-up 5% slower: every "
-        "task imports PyArrow and pgcdc again), so it is not the default. Measured before "
-        "cached batches of 1,000 rows (see the 512m row)"
+        "task imports PyArrow and pgcdc again), so it is not the default. Measured with the "
+        "batch cached serialized in column batches of 1,000 rows and 4 MB G1 regions (the "
+        "512m row is older: cached deserialized, 1 MB regions)"
     ),
     "memory-driver-512m": (
         "the same with spark.driver.memory = 512m: the JVM peaks at about 1 GB instead of "
