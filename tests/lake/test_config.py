@@ -155,16 +155,23 @@ def test_lake_paths_are_safe() -> None:
 def test_session_conf_defaults_what_spark_conf_leaves_out(tmp_path: Path) -> None:
     """The pipeline's Spark session caches micro-batches in column batches of 1,000 rows (a
     512 MiB driver ran out of heap persisting a 540 MB transaction in Spark's 10,000-row
-    batches), and its Java serializer streams forget each object after it (a reader of the
-    cached batch held 100), unless [spark.conf] says otherwise; [spark] driver_host is a
+    batches), its Java serializer streams forget each object after it (a reader of the cached
+    batch held 100), and a sort's spill readers do not read ahead (some 80 of them held
+    250 MiB of a 512 MiB heap), unless [spark.conf] says otherwise; [spark] driver_host is a
     default too."""
-    from pgcdc.lake.pipeline import CACHE_BATCH_ROWS_KEY, STREAM_RESET_KEY, session_conf
+    from pgcdc.lake.pipeline import (
+        CACHE_BATCH_ROWS_KEY,
+        SPILL_READ_AHEAD_KEY,
+        STREAM_RESET_KEY,
+        session_conf,
+    )
 
     path = tmp_path / "pipeline.toml"
     path.write_text(GOOD)
     conf = session_conf(load_config(path))
     assert conf[CACHE_BATCH_ROWS_KEY] == "1000"
     assert conf[STREAM_RESET_KEY] == "1"
+    assert conf[SPILL_READ_AHEAD_KEY] == "false"
     assert conf["spark.executor.memory"] == "2g"
     assert "spark.driver.host" not in conf
     path.write_text(

@@ -101,12 +101,15 @@ CACHE_BATCH_ROWS = 1000
 #: [spark.conf] sets it
 STREAM_RESET_KEY = "spark.serializer.objectStreamReset"
 STREAM_RESET = 1
+#: whether a sort's spill readers read ahead (two more 1 MiB buffers each), unless
+#: [spark.conf] sets it
+SPILL_READ_AHEAD_KEY = "spark.unsafe.sorter.spill.read.ahead.enabled"
 
 
 def session_conf(config: PipelineConfig) -> dict[str, str]:
     """The Spark settings of the session a pipeline starts: ``[spark.conf]``, with defaults for
-    what it leaves out (``[spark] driver_host``, the cached batch size and the serializer's
-    reset interval below)."""
+    what it leaves out (``[spark] driver_host``, the cached batch size, the serializer's reset
+    interval and the sort spill readers' read-ahead below)."""
     conf = dict(config.spark.conf)
     if config.spark.driver_host:
         conf.setdefault("spark.driver.host", config.spark.driver_host)
@@ -122,6 +125,12 @@ def session_conf(config: PipelineConfig) -> dict[str, str]:
     # each per reader. A heap dump of a 1 GiB driver that ran out of heap staging a 1 GB
     # transaction held some 95 of them in two readers. Reset after each (each is large).
     conf.setdefault(STREAM_RESET_KEY, str(STREAM_RESET))
+    # A sort larger than its memory (a large transaction's per-key reduction) spills to files
+    # and merges them all at once, with a reader per file that holds a 1 MiB record buffer and,
+    # reading ahead, two 1 MiB buffers more, all outside Spark's memory accounting: a 512 MiB
+    # driver that ran out of heap on a 2 GB transaction held some 80 (250 MiB). Without
+    # read-ahead each holds a third of that.
+    conf.setdefault(SPILL_READ_AHEAD_KEY, "false")
     return conf
 
 
