@@ -26,7 +26,7 @@ LIMITS = {
         "object per message and per value (pypgoutput)"
     ),
     "catchup": (
-        "CPU, on 2 cores: a run takes about 55 s of CPU in 33 s. Spark's JVM 29-34 s of it "
+        "CPU, on 2 cores: a run takes about 55-59 s of CPU in 33-35 s. Spark's JVM 29-34 s of it "
         "(its start-up 5.5 s, the C2 JIT about 10 s, then each batch's Spark work: the Python "
         "source's Arrow batches into rows, the cached batch, the overview and event jobs, Arrow "
         "back to the driver), the driver's Python 9 s (mostly the delta-rs MERGEs; the updates' "
@@ -34,7 +34,7 @@ LIMITS = {
         "the native subscriber updates rows in place), the walsender 5.5 s, the receiver 5 s "
         "and the executors' decoding 5 s. The first batch (9-10 s, the others 2-4 s) runs "
         "while the receiver takes in the whole backlog and the walsender decodes it on the same "
-        "cores. Fixed cost per run 5.5 s: the driver JVM now maps Spark's classes from a class "
+        "cores. Fixed cost per run 5.5-6.1 s: the driver JVM now maps Spark's classes from a class "
         "data sharing archive the first run writes (8.7 s before on this machine, 13.6 s in "
         "the previous session's noisier run). Tried without gain (within noise): no persist, "
         "an uncompressed cache, ParallelGC, SerialGC, a 512 MB heap; C1 only starts 2 s faster "
