@@ -43,6 +43,7 @@ __all__ = [
     "TableOverview",
     "Truncate",
     "batch_overview",
+    "event_keys",
     "expressions",
     "image_columns",
     "lake_image",
@@ -300,6 +301,14 @@ def lake_image(image: Any, dtype: Any) -> Any:
     """An image column cast to ``lake_type`` where Delta needs it."""
     target = lake_type(dtype)
     return image if target == dtype else image.cast(target)
+
+
+def event_keys(events: Any, table: LakeTable) -> Any:
+    """The key columns of ``events`` (``table_events``' rows), named as the table's: a Spark
+    DataFrame with a row per event."""
+    from pyspark.sql import functions as F
+
+    return events.select(*[F.col(EV_KEY).getField(k).alias(k) for k in table.keys])
 
 
 def table_events(df: Any, table: LakeTable, column: str, columns: Sequence[str]) -> Any:

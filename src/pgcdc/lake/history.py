@@ -39,6 +39,7 @@ from pgcdc.lake.changes import (
     EV_SEQ,
     EV_TIME,
     TableOverview,
+    event_keys,
     keep_column,
     value_column,
 )
@@ -95,10 +96,7 @@ def history_keys(resolved: Any, table: LakeTable, overview: TableOverview) -> An
     """The key columns of ``history_rows``' rows, a row per event (a Spark DataFrame): the
     same distinct keys (each key with an event has a close row, and versions of no others),
     without grouping every event's values, for ``range_chunks``' boundaries."""
-    from pyspark.sql import functions as F
-
-    events = _live_events(resolved, overview)
-    return events.select(*[F.col(EV_KEY).getField(k).alias(k) for k in table.keys])
+    return event_keys(_live_events(resolved, overview), table)
 
 
 def history_rows(

@@ -35,6 +35,7 @@ from pgcdc.lake.changes import (
     EV_SUB,
     EV_TIME,
     TableOverview,
+    event_keys,
     expressions,
     keep_column,
     value_column,
@@ -140,10 +141,7 @@ def mirror_keys(resolved: Any, table: LakeTable, overview: TableOverview) -> Any
     """The key columns of ``mirror_rows``' rows, a row per event (a Spark DataFrame): the same
     distinct keys, without grouping every event's values, for ``range_chunks``' boundaries
     (where the rows have no root columns: a row's root is its last event's)."""
-    from pyspark.sql import functions as F
-
-    events = _events_after_truncate(resolved, overview)
-    return events.select(*[F.col(EV_KEY).getField(k).alias(k) for k in table.keys])
+    return event_keys(_events_after_truncate(resolved, overview), table)
 
 
 #: the event order of ``mirror_events`` rows, dropped by ``last_per_key``
