@@ -333,6 +333,24 @@ def test_range_chunks_read_only_their_own_keys(spark: Any, tmp_path: Path) -> No
     assert ranges == [(1, 10), (11, 20), (21, 30), (31, 40)]
 
 
+def resolved_events(spark: Any, rows: list[tuple[Any, ...]]) -> tuple[Any, list[str], Any]:
+    """A batch of ``rows``: its overview of the table, the table's column names and its events
+    with unchanged TOAST values resolved (the input of ``mirror_rows`` and ``history_rows``)."""
+    from pgcdc.lake.changes import batch_overview, image_columns, resolve_unchanged, table_events
+
+    df = spark.createDataFrame(rows, schema())
+    info = batch_overview(df, {"public.t": COLUMN}).tables["public.t"]
+    _, names = image_columns(df, COLUMN)
+    resolved = resolve_unchanged(
+        table_events(df, TABLE, COLUMN, names),
+        names,
+        info.unchanged_columns,
+        TABLE.keys,
+        rekeyed=info.old_with_unchanged > 0,
+    )
+    return info, names, resolved
+
+
 def test_range_boundaries_from_the_events_keys_are_the_rows_boundaries(spark: Any) -> None:
     """A staged mirror or history split by key ranges finds its boundaries in the events' key
     columns (``mirror_keys``, ``history_keys``) rather than in its rows (an aggregation of
@@ -340,7 +358,6 @@ def test_range_boundaries_from_the_events_keys_are_the_rows_boundaries(spark: An
     own boundaries give it (as a replay of a batch an older pgcdc split must)."""
     from pyspark.sql import functions as F
 
-    from pgcdc.lake.changes import batch_overview, image_columns, resolve_unchanged, table_events
     from pgcdc.lake.history import history_keys, history_rows
     from pgcdc.lake.mirror import mirror_keys, mirror_rows
     from pgcdc.lake.stage import range_chunks
@@ -356,16 +373,7 @@ def test_range_boundaries_from_the_events_keys_are_the_rows_boundaries(spark: An
 
     splits = 0
     for rows in [*BATCHES, many, many[:-3]]:
-        df = spark.createDataFrame(rows, schema())
-        info = batch_overview(df, {"public.t": COLUMN}).tables["public.t"]
-        _, names = image_columns(df, COLUMN)
-        resolved = resolve_unchanged(
-            table_events(df, TABLE, COLUMN, names),
-            names,
-            info.unchanged_columns,
-            TABLE.keys,
-            rekeyed=info.old_with_unchanged > 0,
-        )
+        info, names, resolved = resolved_events(spark, rows)
         for build, keys in ((mirror_rows, mirror_keys), (history_rows, history_keys)):
             frame = build(resolved, TABLE, names, info)
             key_frame = keys(resolved, TABLE, info)
@@ -410,7 +418,6 @@ def test_the_driver_reduction_gives_the_rows_of_the_spark_reduction(spark: Any) 
     ``mirror_events``): the same MERGE source as ``mirror_rows``' Spark aggregation, for every
     batch above and one with NULL keys (equal to each other, as under REPLICA IDENTITY FULL)
     and a key deleted and inserted again."""
-    from pgcdc.lake.changes import batch_overview, image_columns, resolve_unchanged, table_events
     from pgcdc.lake.mirror import last_per_key, mirror_events, mirror_rows, reducible_keys
 
     extra = [
@@ -423,16 +430,7 @@ def test_the_driver_reduction_gives_the_rows_of_the_spark_reduction(spark: Any) 
     ]
     reduced = []
     for rows in [*BATCHES, extra]:
-        df = spark.createDataFrame(rows, schema())
-        info = batch_overview(df, {"public.t": COLUMN}).tables["public.t"]
-        _, names = image_columns(df, COLUMN)
-        resolved = resolve_unchanged(
-            table_events(df, TABLE, COLUMN, names),
-            names,
-            info.unchanged_columns,
-            TABLE.keys,
-            rekeyed=info.old_with_unchanged > 0,
-        )
+        info, names, resolved = resolved_events(spark, rows)
         events = mirror_events(resolved, TABLE, names, info)
         assert reducible_keys(events, TABLE)
         collected = events.toArrow()
