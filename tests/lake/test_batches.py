@@ -287,6 +287,37 @@ def test_chunked_commits_and_replay_after_a_failure_between_chunks(
     assert versions(lake) == before
 
 
+def test_the_overview_counts_each_tables_changes_truncates_and_unchanged_columns(
+    spark: Any,
+) -> None:
+    """Per table: counts per operation, the LSN range, the truncates in LSN order, the columns
+    some change left as unchanged TOAST (rows whose list is empty or null add none) and the
+    updates with an old image and unchanged values."""
+    from pgcdc.lake.changes import Truncate, batch_overview
+
+    other = ch("I", 150, 0, (9, "other", "x"))
+    other = ("public.u", "public", "u", *other[3:-1], None)
+    no_list = ch("I", 120, 0, (7, "g", "BIG7"))
+    no_list = (*no_list[:-1], (no_list[-1][0], None, None, None))  # unchanged: null, not []
+    rows = BATCHES[1] + BATCHES[3] + [no_list, other]
+    overview = batch_overview(spark.createDataFrame(rows, schema()), {"public.t": COLUMN})
+    info = overview.tables["public.t"]
+    assert (info.inserts, info.updates, info.deletes) == (4, 4, 1)
+    # Spark collects timestamps as naive datetimes in the session time zone (UTC)
+    naive = T0.replace(tzinfo=None) + timedelta(seconds=400)
+    assert info.truncates == (Truncate(400, 1, naive),)
+    assert (info.min_lsn, info.max_lsn) == (120, 500)
+    assert info.unchanged_columns == frozenset({"big"})
+    assert info.old_with_unchanged == 1  # 2 re-keyed to 20, big unchanged
+    assert info.changes == 10
+    assert overview.tables["public.u"].inserts == 1
+    assert overview.tables["public.u"].unchanged_columns == frozenset()
+    assert (overview.changes, overview.min_lsn, overview.max_lsn) == (11, 120, 500)
+
+    plain = batch_overview(spark.createDataFrame(BATCHES[0] + [no_list], schema()), {})
+    assert plain.tables["public.t"].unchanged_columns == frozenset()  # no struct column known
+
+
 def test_chunks_follow_the_rows_or_their_weight(spark: Any) -> None:
     """The chunk count of a table in a batch: by its change count or by its values' size."""
     from pgcdc.lake.changes import batch_overview

@@ -228,6 +228,8 @@ def _overview_aggregates(df: Any, known: Sequence[str]) -> list[Any]:
             sizes.append(F.when(F.col(quote_column(c)).isNotNull(), image_size))
     size = F.coalesce(*sizes, F.lit(0)) if sizes else F.lit(0)
     op = F.col("_op")
+    # only the rows that have unchanged values: collect_list skips the nulls
+    unchanged_lists = F.collect_list(F.when(F.size(unchanged) > 0, unchanged))
     return [
         F.sum(F.when(op == "I", 1).otherwise(0)).alias("i"),
         F.sum(F.when(op == "U", 1).otherwise(0)).alias("u"),
@@ -239,7 +241,7 @@ def _overview_aggregates(df: Any, known: Sequence[str]) -> list[Any]:
         F.collect_list(
             F.when(op == "T", F.struct("_commit_lsn", "_position", "_commit_time"))
         ).alias("t"),
-        F.array_distinct(F.flatten(F.collect_list(F.coalesce(unchanged, F.array())))).alias("c"),
+        F.array_distinct(F.flatten(unchanged_lists)).alias("c"),
     ]
 
 
