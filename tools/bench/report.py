@@ -26,21 +26,23 @@ LIMITS = {
         "object per message and per value (pypgoutput)"
     ),
     "catchup": (
-        "CPU, on 2 cores: a run takes about 55-59 s of CPU in 33-35 s. Spark's JVM 29-34 s of it "
-        "(its start-up 5.5 s, the C2 JIT about 10 s, then each batch's Spark work: the Python "
-        "source's Arrow batches into rows, the cached batch, the overview and event jobs, Arrow "
-        "back to the driver), the driver's Python 9 s (mostly the delta-rs MERGEs; the updates' "
-        "and deletes' copy-on-write rewrite of the 1M-row mirror takes 1.5-1.8 s each where "
-        "the native subscriber updates rows in place), the walsender 5.5 s, the receiver 5 s "
-        "and the executors' decoding 5 s. The first batch (9-10 s, the others 2-4 s) runs "
+        "CPU, on 2 cores: a run takes 54-58 s of CPU in 31-34 s. Per process (four runs over "
+        "one workload): Spark's JVM 30-34 s (its start-up 5.5 s, the C2 JIT about 10 s, then "
+        "each batch's Spark work: the Python source's Arrow batches into rows, the cached "
+        "batch, the overview and event jobs, Arrow back to the driver), the driver's Python "
+        "8.4-9.3 s (mostly the delta-rs MERGEs; the updates' and deletes' copy-on-write "
+        "rewrite of the 1M-row mirror takes 1.6 s each where the native subscriber updates "
+        "rows in place), the walsender 5.2-5.5 s, the source's receiver 4.9-5.1 s, Spark's "
+        "Python workers decoding 4.5-5.0 s. The first batch (9-10 s, the others 2-3.5 s) runs "
         "while the receiver takes in the whole backlog and the walsender decodes it on the same "
-        "cores. Fixed cost per run 5.5-6.1 s: the driver JVM now maps Spark's classes from a class "
-        "data sharing archive the first run writes (8.7 s before on this machine, 13.6 s in "
-        "the previous session's noisier run). Tried without gain (within noise): no persist, "
-        "an uncompressed cache, ParallelGC, SerialGC, a 512 MB heap; C1 only starts 2 s faster "
-        "but runs every batch slower. The native subscriber took 7.7 s here and 7.2 to 20 s "
-        "over the sessions' runs; a Spark pipeline's start-up alone is most of that, so 1.2x "
-        "is out of reach on this machine"
+        "cores. Fixed cost per run 5.5-6.1 s: the driver JVM maps Spark's classes from a class "
+        "data sharing archive the first run writes (8.7 s before). Tried without gain (within "
+        "noise): no persist, an uncompressed cache, ParallelGC, SerialGC, a 512 MB heap, fewer "
+        "JIT compilations (CompileThresholdScaling=4), events without the explode that splits "
+        "key changes (0.05 s a batch); C1 only starts 2 s faster but runs every batch slower. "
+        "The goal, 1.2x of the native subscriber's 7.5-7.7 s, is about 9 s: 18 s of CPU on "
+        "these 2 cores, less than Spark's JVM alone takes, so it is out of reach for batches "
+        "that run through Spark on this machine"
     ),
     "snapshot": (
         "CPU: on 2 cores, the two binary COPY server processes take about 1.2-1.5 us a row, "
@@ -53,8 +55,8 @@ LIMITS = {
         "psycopg2's C copy loop (psycopg 3's generator-based loop took about 1.2 us a row), "
         "Parquet dictionaries only for columns whose first rows repeat values (0.25 us a row "
         "less, smaller files), and Spark's Python processes import compiled modules. COPY to "
-        "/dev/null only formats text in one server process; it took 14.5 to 20.7 s over the "
-        "three runs of this code (pgcdc 0.67x to 1.02x beside it)"
+        "/dev/null only formats text in one server process; it took 11.6 to 20.7 s over the "
+        "four runs of this code (pgcdc 0.67x to 1.02x beside it)"
     ),
     "memory": (
         "Spark itself, not the transaction: at the issue's full sizes (0.27 to 2.15 GB of WAL "
@@ -71,8 +73,7 @@ LIMITS = {
         "0.44 GB. spark.python.worker.reuse = false saves about 0.5 GB at the peak (planning "
         "workers exit after use) but costs each batch about 0.4 s (catch-up 5% slower: every "
         "task imports PyArrow and pgcdc again), so it is not the default. Measured with the "
-        "batch cached serialized in column batches of 1,000 rows and 4 MB G1 regions (the "
-        "512m row is older: cached deserialized, 1 MB regions)"
+        "batch cached serialized in column batches of 1,000 rows and 4 MB G1 regions"
     ),
     "memory-driver-512m": (
         "the same with spark.driver.memory = 512m: the JVM peaks at 0.9-1.2 GB instead of "
@@ -180,7 +181,10 @@ def _row_catchup(d: dict[str, Any]) -> list[list[str]]:
             f"{d['ratio_pgcdc_to_pg_recvlogical']:.1f}x the time",
             "–",
             "–",
-            "the anchor: the walsender decoding the WAL (one server process); see above for pgcdc",
+            "the anchor: pg_recvlogical took 10.4-10.8 s over the same WAL whatever its options "
+            "(protocol 1 or 3, binary, streaming; four runs), longer than the native "
+            "subscriber, so it measures the client as much as the walsender, whose CPU for "
+            "this stream is 5.2-5.5 s; see above for pgcdc",
         ],
     ]
 
