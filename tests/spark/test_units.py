@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import re
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -54,6 +56,26 @@ def test_table_columns_are_legal_unique_and_reversible(s1: str, t1: str, s2: str
     assert parse_table_column(a) == (s1, t1)
     if (s1, t1) != (s2, t2):
         assert a.lower() != b.lower()  # unique even for Spark's case-insensitive resolution
+
+
+def test_the_executors_modules_do_not_import_the_replication_layer() -> None:
+    """A Spark Python worker that reads a partition imports the source's modules: neither the
+    replication layer nor psycopg/psycopg2 (a tenth of a second or more per worker process);
+    the driver-side parts import them where they run."""
+    code = (
+        "import sys, pgcdc.spark, pgcdc.spark.source, pgcdc.spark.stream, pgcdc.spark.decode, "
+        "pgcdc.spark.endpoint, pgcdc.spark.catalog; "
+        "print(sorted(m for m in sys.modules "
+        "if m.split('.')[0] in ('psycopg', 'psycopg2') or m.startswith('pgcdc.replication')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_source_errors_never_carry_a_password() -> None:
+    error = SparkSourceError("could not connect with host=h password=abc", "fix password=x")
+    assert "abc" not in str(error) and "password=***" in str(error)
+    assert error.fix == "fix password=***"
 
 
 def test_table_column_examples():

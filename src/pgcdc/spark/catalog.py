@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from pgcdc.protocol.values import TypeInfo, fetch_types
-from pgcdc.replication.database import connect_sql
 from pgcdc.spark.errors import OptionError
+
+if TYPE_CHECKING:
+    import psycopg
 
 __all__ = [
     "CatalogColumn",
@@ -144,6 +144,14 @@ WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped AND a.
 """
 
 
+def _connect(dsn: str, connect_timeout: float) -> psycopg.Connection[Any]:
+    """A SQL connection (the replication layer, imported here: the executors' Python workers
+    import this module for its dataclasses, and need neither psycopg nor psycopg2)."""
+    from pgcdc.replication.database import connect_sql
+
+    return connect_sql(dsn, connect_timeout=connect_timeout)
+
+
 def _check_server(conn: psycopg.Connection[Any]) -> tuple[int, str, int]:
     row = conn.execute(
         "SELECT current_setting('server_version_num')::int, "
@@ -191,8 +199,10 @@ def load_catalog(
             "the pgcdc source needs the tables to read",
             "set the option 'publications' (stream and snapshot) or 'tables' (snapshot)",
         )
+    import psycopg  # on the driver only: see ``_connect``
+
     extra = extra_filters or {}
-    conn = connect_sql(dsn, connect_timeout=connect_timeout)
+    conn = _connect(dsn, connect_timeout)
     try:
         version, database, block_size = _check_server(conn)
         wanted: dict[tuple[str, str], tuple[set[str] | None, list[str | None]]] = {}
@@ -363,7 +373,7 @@ def current_table(
     dsn: str, relid: int, publications: Sequence[str], *, connect_timeout: float = 10.0
 ) -> CatalogTable | None:
     """The relation's current published definition, or None if it is not published any more."""
-    conn = connect_sql(dsn, connect_timeout=connect_timeout)
+    conn = _connect(dsn, connect_timeout)
     try:
         row = conn.execute(
             "SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c "

@@ -9,8 +9,6 @@ stable marker ``SCHEMA_CHANGED_MARKER``; ``is_schema_changed`` finds it in any e
 
 from __future__ import annotations
 
-from pgcdc.replication.errors import scrub_secrets
-
 __all__ = [
     "COLUMNS_CHANGED_MARKER",
     "COPY_AGAIN_MARKERS",
@@ -40,6 +38,10 @@ class SparkSourceError(Exception):
     """Base class: the pgcdc Spark source failed. ``cause`` and ``fix`` make up the message."""
 
     def __init__(self, cause: str, fix: str | None = None) -> None:
+        # here, not at the top: the executors' Python workers import this module, and the
+        # replication layer brings psycopg and psycopg2, which they do not use otherwise
+        from pgcdc.replication.errors import scrub_secrets
+
         self.cause = scrub_secrets(cause.strip())
         self.fix = scrub_secrets(fix.strip()) if fix else None
         message = self.cause if not self.fix else f"{self.cause}. Fix: {self.fix}"

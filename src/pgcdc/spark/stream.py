@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -59,8 +59,6 @@ from pyspark.sql.types import StructType
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.decoder import Decoder
 from pgcdc.protocol.messages import Relation
-from pgcdc.replication import slot_info
-from pgcdc.replication.database import connect_sql
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog, current_table
 from pgcdc.spark.decode import ChangeDecoder, Label, decode_transactions
 from pgcdc.spark.diagnostics import worker_logging
@@ -69,9 +67,15 @@ from pgcdc.spark.endpoint import DataEndpoint, fetch_messages
 from pgcdc.spark.errors import OptionError, ReplayError, SparkSourceError
 from pgcdc.spark.index import Definitions, TxnEntry
 from pgcdc.spark.options import StreamSettings
-from pgcdc.spark.receiver import Receiver, ReceiverSettings
 from pgcdc.spark.schema import codec_knows, registry_for
 from pgcdc.spark.spool import RECORD_HEADER
+
+if TYPE_CHECKING:
+    from pgcdc.spark.receiver import Receiver
+
+# The driver-side parts (the receiver, the slot and SQL helpers) import the replication layer
+# where they run: the executors' Python workers import this module too, and importing psycopg
+# and psycopg2 there took a tenth of a second or more of each worker's start.
 
 __all__ = [
     "MIN_SPLIT_BYTES",
@@ -134,6 +138,8 @@ class _Runtime:
     """The driver-side state of one streaming query."""
 
     def __init__(self, settings: StreamSettings, catalog: SourceCatalog) -> None:
+        from pgcdc.spark.receiver import Receiver, ReceiverSettings
+
         registry = registry_for(catalog)
         if settings.binary == "auto":
             binary = all(
@@ -141,7 +147,7 @@ class _Runtime:
             )
         else:
             binary = settings.binary == "true"
-        self.receiver = Receiver(
+        self.receiver: Receiver = Receiver(
             ReceiverSettings(
                 dsn=settings.dsn,
                 slot=settings.slot,
@@ -233,6 +239,9 @@ class PgcdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, str]:
         start = self.settings.start_lsn
         if start is None:
+            from pgcdc.replication import slot_info
+            from pgcdc.replication.database import connect_sql
+
             with connect_sql(self.settings.dsn) as conn:
                 info = slot_info(conn, self.settings.slot)
             if info is None or info.confirmed_flush_lsn is None:
@@ -257,6 +266,8 @@ class PgcdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
+        from pgcdc.replication.database import connect_sql
+
         rt = self._rt()
         with connect_sql(self.settings.dsn) as conn:
             row = conn.execute(
