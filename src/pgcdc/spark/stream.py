@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -69,9 +69,6 @@ from pgcdc.spark.index import Definitions, TxnEntry
 from pgcdc.spark.options import StreamSettings
 from pgcdc.spark.schema import codec_knows, registry_for
 from pgcdc.spark.spool import RECORD_HEADER
-
-if TYPE_CHECKING:
-    from pgcdc.spark.receiver import Receiver
 
 # The driver-side parts (the receiver, the slot and SQL helpers) import the replication layer
 # where they run: the executors' Python workers import this module too, and importing psycopg
@@ -147,7 +144,7 @@ class _Runtime:
             )
         else:
             binary = settings.binary == "true"
-        self.receiver: Receiver = Receiver(
+        self.receiver = Receiver(
             ReceiverSettings(
                 dsn=settings.dsn,
                 slot=settings.slot,
