@@ -1,7 +1,8 @@
 """Fixtures: one real local SparkSession (``local[2]``) for the whole test session.
 
-Spark takes 10-20 s to start on a small machine, so every test shares ``spark``; tests must not
-stop it or change session-wide settings they do not restore. Python workers run this
+Spark takes 10-20 s to start on a small machine, so every test shares ``spark`` (with Delta's
+Spark connector loaded, as a pipeline's session has it); tests must not stop it or change
+session-wide settings they do not restore. Python workers run this
 interpreter (``pgcdc.spark.spark_session`` sets PYSPARK_PYTHON and spark.pyspark.python), and
 the ``pgcdc`` data source is registered.
 
@@ -25,17 +26,21 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
+    from pgcdc.lake.delta import delta_settings
     from pgcdc.spark import spark_session
 
     logging.getLogger("py4j").setLevel(logging.WARNING)
     session = spark_session(
         "local[2]",
         "pgcdc-tests",
-        conf={
-            "spark.sql.streaming.stopTimeout": "30s",
-            "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
-            "spark.python.worker.reuse": "true",
-        },
+        # with Delta's connector, as every pipeline's session
+        conf=delta_settings(
+            {
+                "spark.sql.streaming.stopTimeout": "30s",
+                "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+                "spark.python.worker.reuse": "true",
+            }
+        ),
         # the tests' own JVM runs the whole session: the pgcdc runs they start write the
         # class data archive (and map it) instead
         class_data_sharing=False,

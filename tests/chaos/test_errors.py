@@ -23,7 +23,7 @@ from pgcdc.cli import main
 from pgcdc.cluster import free_port
 from pgcdc.lake.config import load_config
 from pgcdc.lake.pipeline import Pipeline
-from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase
 
 pytestmark = pytest.mark.slow

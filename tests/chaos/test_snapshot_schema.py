@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from pgcdc.lake.pipeline import Pipeline, PipelineError, RunResult
-from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 

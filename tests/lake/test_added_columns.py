@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pgcdc.lake.pipeline import Pipeline
-from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 

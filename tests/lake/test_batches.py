@@ -19,7 +19,7 @@ import pytest
 
 from pgcdc.lake.batch import LakeBatchWriter, commit_bytes, driver_heap
 from pgcdc.lake.tables import LakeLayout, LakeTable, TableKind
-from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lake.target import DeltaTarget
 from pgcdc.spark import table_column
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

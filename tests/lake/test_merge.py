@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 
 from pgcdc.lake.mirror import OP_COLUMN, merge_mirror
 from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME, LakeTable
-from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lake.target import DeltaTarget
 
 TABLE = LakeTable("public", "items", ("id",), "d")
 

@@ -15,7 +15,7 @@ from psycopg import sql
 
 from pgcdc.cli import main
 from pgcdc.lake.tables import LakeLayout
-from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lake.target import DeltaTarget
 from pgcdc.lsn import Lsn
 from tests.fix_pg import PgDatabase
 

@@ -10,7 +10,7 @@ from typing import Literal
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction, write_deltalake
 
-from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lake.target import DeltaTarget
 
 APP = "app-1"
 

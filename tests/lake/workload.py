@@ -2,7 +2,8 @@
 
 Tables: ``everything`` (one column of most built-in types, an enum, an unknown type and a
 TOASTed ``big`` column stored out of line), ``kv`` (composite key, key changes, truncates,
-a column widened later) and ``full_t`` (REPLICA IDENTITY FULL, no key but all columns).
+a column widened later) and ``full_t`` (REPLICA IDENTITY FULL, no key, few distinct values:
+many identical rows).
 Transactions mix inserts, updates (some touching only small columns, so ``big`` arrives as
 unchanged TOAST), key changes, deletes, truncates (also between other changes of one
 transaction), subtransactions rolled back, prepared transactions (committed and rolled back)
@@ -203,17 +204,18 @@ class Workload:
         if choice < 0.5:
             conn.execute(
                 "INSERT INTO full_t VALUES (%s, %s, %s)",
+                # few distinct values: the table holds many identical rows
                 (
-                    r.randint(0, 10**6),
+                    r.randint(0, 3),
                     self.maybe("row"),
-                    self.maybe(Decimal(r.randint(0, 9999)) / 100),
+                    self.maybe(Decimal(r.randint(0, 2)) / 100),
                 ),
             )
         elif choice < 0.8:
             conn.execute(
                 "UPDATE full_t SET b = %s WHERE ctid = "
                 "(SELECT ctid FROM full_t ORDER BY random() LIMIT 1)",
-                (f"b{r.randint(0, 99)}",),
+                (f"b{r.randint(0, 2)}",),
             )
         else:
             conn.execute(

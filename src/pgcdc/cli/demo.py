@@ -240,8 +240,8 @@ def _results(checks: list[TableCheck]) -> Table:
 def run(args: argparse.Namespace) -> int:
     from pgcdc.lake.pipeline import Pipeline
     from pgcdc.lake.tables import IS_CURRENT
+    from pgcdc.lake.target import DeltaTarget
     from pgcdc.lake.verify import compare_tables
-    from pgcdc.lake.writer import DeltaTarget
 
     console = Console(stderr=True)
     versions = available_versions()

@@ -108,10 +108,8 @@ def _max(column: Any) -> Any:
 
 
 def _table_status(layout: LakeLayout, table_id: str, state: PipelineState) -> dict[str, Any]:
-    import pyarrow as pa
-    from deltalake import DeltaTable
-
     from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME
+    from pgcdc.lake.target import DeltaTarget, commit_metadata
 
     _schema, _name, path = _mirror_path(layout, table_id)
     out: dict[str, Any] = {
@@ -129,13 +127,15 @@ def _table_status(layout: LakeLayout, table_id: str, state: PipelineState) -> di
     }
     if not (path / "_delta_log").is_dir():
         return out
-    table = DeltaTable(str(path))
+    target = DeltaTarget(path)
+    version = target.version()
+    if version is None:
+        return out
     out["exists"] = True
-    out["delta_version"] = int(table.version())
-    actions = pa.table(table.get_add_actions(flatten=True))
+    out["delta_version"] = version
+    out["rows"] = target.count()  # deletion vectors applied
+    actions = target.files()
     names = set(actions.column_names)
-    if "num_records" in names and actions.column("num_records").null_count == 0:
-        out["rows"] = int(sum(actions.column("num_records").to_pylist()))
     newest_lsn: int | None = None
     newest_time: datetime | None = None
     lsn_column = f"max.{COMMIT_LSN}"
@@ -158,6 +158,8 @@ def _table_status(layout: LakeLayout, table_id: str, state: PipelineState) -> di
             newest_time = started if newest_time is None else max(newest_time, started)
     out.update(_lsn_fields("newest_change_lsn", newest_lsn))
     out["newest_change_time"] = _iso(newest_time)
+    table = target.table()
+    assert table is not None
     history = table.history(limit=HISTORY_LIMIT)
     if history:
         last = history[0]
@@ -166,7 +168,7 @@ def _table_status(layout: LakeLayout, table_id: str, state: PipelineState) -> di
             out["last_commit_time"] = _iso(datetime.fromtimestamp(stamp / 1000, UTC))
         out["last_operation"] = last.get("operation")
     for commit in history:
-        meta = commit.get("pgcdc")
+        meta = commit_metadata(commit)
         if isinstance(meta, dict) and "batch" in meta:
             out["last_batch"] = int(meta["batch"])
             break

@@ -488,6 +488,7 @@ def _plan(conn: psycopg.Connection[Any], config: PipelineConfig) -> SourcePlan:
                 name=table.name,
                 keys=keys,
                 replica_identity=table.replica_identity,
+                multiset=table.replica_identity == "f" and not table.primary_key,
                 row_filter=published.row_filter,
                 history=config.history_for(settings),
                 changelog=config.changelog_for(settings),

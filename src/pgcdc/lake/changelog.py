@@ -9,7 +9,8 @@ transaction), ``__xid``, ``__commit_time``, ``__old_kind`` ('K' key or 'O' full 
 when none was sent) and ``__old`` (a struct of the old image's columns). Order by
 ``(__commit_lsn, __position)`` to replay.
 
-Each batch is one append commit tagged with the batch's application transaction.
+Each batch is one append commit of Delta's Spark writer, tagged with the batch's application
+transaction (``txnAppId``/``txnVersion``: a replayed batch's append is skipped).
 """
 
 from __future__ import annotations
@@ -18,11 +19,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import write_deltalake
-
 from pgcdc.lake.changes import image_columns, lake_image, quote_column
+from pgcdc.lake.delta import user_metadata
 from pgcdc.lake.schema_evolution import Defaults, Images, evolve
 from pgcdc.lake.tables import (
     CL_COMMIT_LSN,
@@ -37,16 +35,17 @@ from pgcdc.lake.tables import (
     XID,
     LakeTable,
 )
-from pgcdc.lake.writer import Chunk, DeltaTarget, cast_to, commit_properties
 
 __all__ = ["append_changelog", "changelog_rows"]
 
 log = logging.getLogger("pgcdc.lake")
 
 
-def _new_images(rows: pa.Table) -> pa.Array:
+def _new_images() -> Any:
     """Which changelog rows hold a new image: inserts, updates and snapshot rows."""
-    return pc.is_in(rows.column(OP), pa.array(["I", "U", "S"]))
+    from pyspark.sql import functions as F
+
+    return F.col(OP).isin("I", "U", "S")
 
 
 #: the changelog's row images, which an added column's missing value goes in
@@ -78,28 +77,44 @@ def changelog_rows(df: Any, table: LakeTable, column: str, columns: Sequence[str
 
 
 def append_changelog(
-    target: DeltaTarget,
-    rows: pa.Table,
+    spark: Any,
+    path: str,
+    rows: Any,
     table: LakeTable,
     *,
     app_id: str,
     version: int,
-    metadata: dict[str, Any] | None = None,
-    chunk: Chunk | None = None,
+    metadata: dict[str, Any],
     defaults: Defaults | None = None,
-) -> int:
-    """Append a batch's changelog rows in one commit; how many rows."""
-    what = f"{table.table_id} changelog"
-    delta = evolve(
-        target, rows.schema, drop_missing=False, what=what, defaults=defaults, images=IMAGES
+) -> None:
+    """Append a batch's changelog rows (a Spark DataFrame) in one commit."""
+    from pyspark.sql import functions as F
+
+    evolve(
+        spark,
+        path,
+        rows.schema,
+        drop_missing=False,
+        what=f"{table.table_id} changelog",
+        stats_columns=table.stats_columns("changelog"),
+        defaults=defaults,
+        images=IMAGES,
     )
-    rows = cast_to(rows, pa.schema(delta.schema().to_arrow()))
-    write_deltalake(
-        target.uri,
-        rows,
-        mode="append",
-        schema_mode="merge",
-        commit_properties=commit_properties(app_id, version, metadata, chunk=chunk),
+    stored = spark.read.format("delta").load(path).schema
+    # in the table's types and order (a dropped column's values are NULL from now on)
+    aligned = rows.select(
+        *[
+            (F.col(quote_column(f.name)) if f.name in rows.columns else F.lit(None))
+            .cast(f.dataType)
+            .alias(f.name)
+            for f in stored.fields
+        ]
     )
-    log.debug("changelog %s: %s rows", table.table_id, rows.num_rows)
-    return int(rows.num_rows)
+    (
+        aligned.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", str(int(version)))
+        .option("userMetadata", user_metadata(metadata))
+        .save(path)
+    )

@@ -24,18 +24,15 @@ Reference (defaults in brackets):
 ``[lake]``
     ``path``: the lake folder (local, or a shared filesystem mounted at the same path on every
     Spark machine); ``history`` [false] and ``changelog`` [false]: defaults for every table;
-    ``rows_per_commit`` [250000] and ``bytes_per_commit`` ["128MB" with a driver heap of 1 GB
-    or more, less with a smaller one: ``pgcdc.lake.batch.commit_bytes``]: a table's changes in
-    one micro-batch above either are staged by the executors and committed in chunks of about
-    that size (``pgcdc.lake.stage``), so the driver holds one chunk's rows at a time;
-    ``compact_files`` [100], ``target_file_size`` ["16MB"], ``vacuum`` [true],
-    ``vacuum_retention_hours`` [168] and ``vacuum_interval`` [3600]: compaction of each Delta
-    table's small files and removal of replaced ones after the batches
-    (``pgcdc.lake.maintenance``).
+    ``compact_files`` [100], ``target_file_size`` ["16MB"], ``purge_deleted_share`` [0.25],
+    ``vacuum`` [true], ``vacuum_retention_hours`` [168] and ``vacuum_interval`` [3600]:
+    compaction of each Delta table's small files, purging of the rows its deletion vectors mark
+    and removal of replaced files, between batches (``pgcdc.lake.maintenance``).
 ``[spark]``
-    ``master`` ["local[*]"]: ``local[N]``, ``spark://host:port``, ``yarn``, ``k8s://...``, or a
-    Spark Connect URL ``sc://host:port``; ``app_name`` ["pgcdc"]; ``driver_host``: the address
-    executors reach this process at; ``[spark.conf]``: any Spark settings.
+    ``master`` ["local[*]"]: ``local[N]``, ``spark://host:port``, ``yarn`` or ``k8s://...``
+    (not Spark Connect: the lake is written through Delta's Spark connector in the driver's
+    JVM); ``app_name`` ["pgcdc"]; ``driver_host``: the address executors reach this process
+    at; ``[spark.conf]``: any Spark settings.
 ``[stream]``
     ``trigger_interval`` [5] seconds between micro-batches when running continuously;
     ``max_changes_per_trigger`` [250000] and ``max_bytes_per_trigger`` [none]: batch size
@@ -319,24 +316,6 @@ class LakeSettings(_Model):
     path: Path = Field(description="lake folder (local or shared filesystem)")
     history: bool = Field(default=False, description="SCD type 2 history table per table")
     changelog: bool = Field(default=False, description="append-only change log per table")
-    rows_per_commit: int = Field(
-        default=250_000,
-        ge=100,
-        description=(
-            "a table's changes in one micro-batch above this are staged by the executors and "
-            "committed in chunks of about this many (the driver holds one chunk's rows at a time)"
-        ),
-    )
-    bytes_per_commit: Size | None = Field(
-        default=None,
-        ge=1 << 20,
-        description=(
-            "the same limit in bytes of the rows' values (or '128MB'): whichever of the two "
-            "gives more chunks; by default 128 MB with a driver heap of 1 GB or more, less "
-            "with a smaller heap (a batch collected in one piece passes through it)"
-        ),
-    )
-
     compact_files: int = Field(
         default=_MAINTENANCE.compact_files,
         ge=0,
@@ -351,6 +330,16 @@ class LakeSettings(_Model):
         description=(
             "the size compaction rewrites small files into (or '16MB'); every compaction "
             "rewrites the files below it again, so it bounds a compaction's work"
+        ),
+    )
+    purge_deleted_share: float = Field(
+        default=_MAINTENANCE.purge_deleted_share,
+        ge=0,
+        le=1,
+        description=(
+            "rewrite a Delta table's files without the rows its deletion vectors mark deleted "
+            "once those are more than this share of its rows (checked every vacuum_interval); "
+            "1: never"
         ),
     )
     vacuum: bool = Field(
@@ -375,10 +364,11 @@ class LakeSettings(_Model):
     )
 
     def maintenance(self) -> Maintenance:
-        """When to compact and vacuum the Delta tables, as these settings say."""
+        """When to compact, purge and vacuum the Delta tables, as these settings say."""
         return Maintenance(
             compact_files=self.compact_files,
             target_file_size=self.target_file_size,
+            purge_deleted_share=self.purge_deleted_share,
             vacuum=self.vacuum,
             vacuum_retention_hours=self.vacuum_retention_hours,
             vacuum_interval=self.vacuum_interval,
@@ -405,8 +395,7 @@ class SparkSettings(_Model):
 
     master: str = Field(
         default="local[*]",
-        description="Spark master URL (local[*], spark://host:7077, yarn, k8s://...) or "
-        "Spark Connect URL (sc://host:15002)",
+        description="Spark master URL (local[*], spark://host:7077, yarn, k8s://...)",
     )
     app_name: str = "pgcdc"
     driver_host: str | None = Field(
@@ -418,15 +407,21 @@ class SparkSettings(_Model):
     @field_validator("master")
     @classmethod
     def _master(cls, value: str) -> str:
+        if value.startswith("sc://"):
+            raise ValueError(
+                f"{value!r} is a Spark Connect URL: pgcdc run writes the lake through Delta's "
+                "Spark connector in the driver's JVM, which Spark Connect does not give; use "
+                "local[*], spark://host:port, yarn or k8s://..."
+            )
         ok = (
             _LOCAL_MASTER.fullmatch(value) is not None
-            or value.startswith(("spark://", "sc://", "k8s://", "mesos://"))
+            or value.startswith(("spark://", "k8s://", "mesos://"))
             or value == "yarn"
         )
         if not ok:
             raise ValueError(
                 f"{value!r} is not a Spark master URL: use local[*], local[N], spark://host:port, "
-                "yarn, k8s://..., or a Spark Connect URL sc://host:port"
+                "yarn or k8s://..."
             )
         return value
 
@@ -439,10 +434,6 @@ class SparkSettings(_Model):
                 for k, v in value.items()
             }
         return value
-
-    @property
-    def is_connect(self) -> bool:
-        return self.master.startswith("sc://")
 
 
 class StreamSettings(_Model):
@@ -607,6 +598,17 @@ def _key(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
+#: keys earlier versions had, and why they are gone
+_REMOVED = {
+    key: (
+        "no longer used: a micro-batch is now written by Delta's Spark connector on the "
+        "executors, one commit per Delta table whatever its size, and never collected on the "
+        "driver; remove this key"
+    )
+    for key in ("lake.rows_per_commit", "lake.bytes_per_commit")
+}
+
+
 def _problems(exc: ValidationError) -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
     for err in exc.errors(include_url=False):
@@ -615,7 +617,9 @@ def _problems(exc: ValidationError) -> list[tuple[str, str]]:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         msg = msg.replace("Input should be", "should be")
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and key in _REMOVED:
+            msg = _REMOVED[key]
+        elif err["type"] == "extra_forbidden":
             msg = "unknown key (check its spelling and section)"
         elif err["type"] == "missing":
             msg = "required key is missing"

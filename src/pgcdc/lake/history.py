@@ -12,23 +12,24 @@ Per micro-batch and table (Spark): events (key changes split, unchanged TOAST re
 collapsed per key and transaction; each surviving state becomes a version row whose end is the
 key's next transaction in the batch or the next TRUNCATE, whichever comes first; changes in a
 transaction before a TRUNCATE in the same transaction never existed for readers and are dropped.
-Per key, one *close* row ends the version current before the batch. Then one delta-rs MERGE in
-one commit (tagged with the batch's application transaction): close rows update the matching
-current version, version rows are inserted, and with a TRUNCATE in the batch every other
+Per key, one *close* row ends the version current before the batch. Then one MERGE of Delta's
+Spark connector in one commit (tagged with the batch's application transaction): close rows
+update the matching current version (with deletion vectors: the closed version is written anew
+and the old row marked), version rows are inserted, and with a TRUNCATE in the batch every other
 current version is closed at the first TRUNCATE.
 
 An unchanged TOAST value that no earlier change of the batch carried is taken from the key's
-current version in the history table (read with pyarrow before the MERGE).
+row in the mirror as it was before the batch (the key's current version holds the same values):
+a batch writes the history before the mirror, so the mirror it reads is never the batch's own.
+A table without a key has a version per copy of its values (``pgcdc.lake.multiset``), keyed by
+``__row_id``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
-
-import pyarrow as pa
 
 from pgcdc.lake.changes import (
     EV_KEY,
@@ -39,11 +40,12 @@ from pgcdc.lake.changes import (
     EV_SEQ,
     EV_TIME,
     TableOverview,
-    event_keys,
     keep_column,
+    quote_column,
     value_column,
 )
-from pgcdc.lake.mirror import SRC, TGT, key_match, sql_name
+from pgcdc.lake.delta import is_delta_table, tagged
+from pgcdc.lake.mirror import SRC, TGT, key_condition
 from pgcdc.lake.schema_evolution import Defaults, evolve
 from pgcdc.lake.tables import (
     END_AT,
@@ -56,29 +58,26 @@ from pgcdc.lake.tables import (
     LakeTable,
 )
 from pgcdc.lake.toast import KEEP_PREFIX, ROOT_PREFIX, fill_from_stored, keep_flag, root_column
-from pgcdc.lake.writer import (
-    MERGE_OPTIONS,
-    Chunk,
-    DeltaTarget,
-    cast_to,
-    commit_properties,
-    execute_merge,
-)
 
-__all__ = ["ACTION", "history_keys", "history_rows", "history_schema", "merge_history"]
+__all__ = ["ACTION", "history_rows", "history_schema", "merge_history"]
 
 log = logging.getLogger("pgcdc.lake")
 
 ACTION = "__pgcdc_action"
-HISTORY_FIELDS = (
-    pa.field(START_LSN, pa.int64()),
-    pa.field(START_AT, pa.timestamp("us", tz="UTC")),
-    pa.field(END_LSN, pa.int64()),
-    pa.field(END_AT, pa.timestamp("us", tz="UTC")),
-    pa.field(IS_CURRENT, pa.bool_()),
-    pa.field(START_OP, pa.string()),
-    pa.field(END_OP, pa.string()),
-)
+
+
+def _history_fields() -> tuple[tuple[str, Any], ...]:
+    from pyspark.sql import types as T
+
+    return (
+        (START_LSN, T.LongType()),
+        (START_AT, T.TimestampType()),
+        (END_LSN, T.LongType()),
+        (END_AT, T.TimestampType()),
+        (IS_CURRENT, T.BooleanType()),
+        (START_OP, T.StringType()),
+        (END_OP, T.StringType()),
+    )
 
 
 def _live_events(resolved: Any, overview: TableOverview) -> Any:
@@ -90,13 +89,6 @@ def _live_events(resolved: Any, overview: TableOverview) -> Any:
         cond = (F.col(EV_LSN) == F.lit(t.lsn)) & (F.col(EV_POS) < F.lit(t.position))
         voided = cond if voided is None else voided | cond
     return resolved if voided is None else resolved.where(~voided)
-
-
-def history_keys(resolved: Any, table: LakeTable, overview: TableOverview) -> Any:
-    """The key columns of ``history_rows``' rows, a row per event (a Spark DataFrame): the
-    same distinct keys (each key with an event has a close row, and versions of no others),
-    without grouping every event's values, for ``range_chunks``' boundaries."""
-    return event_keys(_live_events(resolved, overview), table)
 
 
 def history_rows(
@@ -148,14 +140,14 @@ def history_rows(
     end_lsn = F.when(by_trunc, trunc_lsn).otherwise(next_lsn)
     version_cols = []
     for i, name in enumerate(columns):
-        if name in table.keys:
+        if name in table.row_keys:
             version_cols.append(F.col(EV_KEY).getField(name).alias(name))
         else:
             version_cols.append(r.getField(value_column(i)).alias(name))
     keeps = [
         i
         for i, name in enumerate(columns)
-        if name in overview.unchanged_columns and name not in table.keys
+        if name in overview.unchanged_columns and name not in table.row_keys
     ]
     versions = stepped.where(r.getField(EV_OP) != "D").select(
         *version_cols,
@@ -174,7 +166,7 @@ def history_rows(
         *[r.getField(keep_column(i)).alias(keep_flag(i)) for i in keeps],
         *[
             r.getField(EV_ROOT).getField(k).alias(root_column(j))
-            for j, k in enumerate(table.keys)
+            for j, k in enumerate(table.row_keys)
             if keeps
         ],
     )
@@ -193,7 +185,7 @@ def history_rows(
         close_op = F.when(F.col("first_op") == "D", "D").otherwise("U")
     close_cols = []
     for name in columns:
-        if name in table.keys:
+        if name in table.row_keys:
             close_cols.append(F.col(EV_KEY).getField(name).alias(name))
         else:
             close_cols.append(F.lit(None).alias(name))
@@ -210,87 +202,86 @@ def history_rows(
         *[F.lit(False).alias(keep_flag(i)) for i in keeps],
         *[
             F.col(EV_KEY).getField(k).alias(root_column(j))
-            for j, k in enumerate(table.keys)
+            for j, k in enumerate(table.row_keys)
             if keeps
         ],
     )
     return versions.unionByName(closes, allowMissingColumns=False)
 
 
-def history_schema(source_schema: pa.Schema, columns: Sequence[str]) -> pa.Schema:
-    return pa.schema([source_schema.field(c) for c in columns] + list(HISTORY_FIELDS))
+def history_schema(rows: Any, columns: Sequence[str]) -> Any:
+    """The history's schema (Spark) for a MERGE source of ``history_rows``."""
+    from pyspark.sql import types as T
 
-
-def _timestamp_literal(value: datetime | None) -> str:
-    if value is None:
-        return "NULL"
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    text = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return f"CAST('{text}' AS TIMESTAMP)"
+    fields = [T.StructField(c, rows.schema[c].dataType, True) for c in columns]
+    fields += [T.StructField(name, dtype, True) for name, dtype in _history_fields()]
+    return T.StructType(fields)
 
 
 def merge_history(
-    target: DeltaTarget,
-    source: pa.Table,
+    spark: Any,
+    path: str,
+    rows: Any,
     table: LakeTable,
     columns: Sequence[str],
-    overview: TableOverview,
     *,
+    mirror: str,
+    overview: TableOverview,
     app_id: str,
     version: int,
-    metadata: dict[str, Any] | None = None,
-    chunk: Chunk | None = None,
+    metadata: dict[str, Any],
     defaults: Defaults | None = None,
-) -> dict[str, Any]:
-    """Apply a batch's ``history_rows`` to the history table in one commit."""
-    what = f"{table.table_id} history"
-    delta = evolve(
-        target,
-        history_schema(source.schema, columns),
+) -> None:
+    """Apply a batch's ``history_rows`` (a Spark DataFrame) to the history table in one commit,
+    with Delta's MERGE on the executors; unchanged values come from the mirror at ``mirror``
+    (not yet written by this batch)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    keys = table.row_keys
+    evolve(
+        spark,
+        path,
+        history_schema(rows, columns),
         drop_missing=False,
-        what=what,
+        what=f"{table.table_id} history",
+        stats_columns=table.stats_columns("history"),
         defaults=defaults,
     )
-    source = fill_from_stored(target, source, table, columns, current_only=True, foreign_only=False)
-    source = source.drop_columns(
-        [n for n in source.column_names if n.startswith((KEEP_PREFIX, ROOT_PREFIX))]
-    )
-    source = cast_to(source, pa.schema(delta.schema().to_arrow()))
-    predicate = f"{SRC}.{ACTION} = 'close' AND {TGT}.{sql_name(IS_CURRENT)} AND {key_match(table)}"
+    if any(c.startswith(KEEP_PREFIX) for c in rows.columns):
+        stored = spark.read.format("delta").load(mirror) if is_delta_table(spark, mirror) else None
+        rows = fill_from_stored(rows, stored, keys, columns, foreign_only=False)
+    rows = rows.drop(*[c for c in rows.columns if c.startswith((KEEP_PREFIX, ROOT_PREFIX))])
+
+    def src(name: str) -> Any:
+        return F.col(f"{SRC}.{quote_column(name)}")
+
+    current = F.col(f"{TGT}.{quote_column(IS_CURRENT)}")
+    condition = (src(ACTION) == "close") & current & key_condition(keys)
     closing = {
-        sql_name(END_LSN): f"{SRC}.{sql_name(END_LSN)}",
-        sql_name(END_AT): f"{SRC}.{sql_name(END_AT)}",
-        sql_name(END_OP): f"{SRC}.{sql_name(END_OP)}",
-        sql_name(IS_CURRENT): "false",
+        quote_column(END_LSN): src(END_LSN),
+        quote_column(END_AT): src(END_AT),
+        quote_column(END_OP): src(END_OP),
+        quote_column(IS_CURRENT): F.lit(False),
     }
-    inserts = {
-        sql_name(name): f"{SRC}.{sql_name(name)}" for name in source.column_names if name != ACTION
-    }
-    props = commit_properties(app_id, version, metadata, chunk=chunk)
+    inserts = {quote_column(n): src(n) for n in rows.columns if n != ACTION}
     merger = (
-        delta.merge(
-            source,
-            predicate=predicate,
-            source_alias=SRC,
-            target_alias=TGT,
-            commit_properties=props,
-            **MERGE_OPTIONS,
-        )
-        .when_matched_update(updates=closing)
-        .when_not_matched_insert(updates=inserts, predicate=f"{SRC}.{ACTION} = 'insert'")
+        DeltaTable.forPath(spark, path)
+        .alias(TGT)
+        .merge(rows.alias(SRC), condition)
+        .whenMatchedUpdate(set=closing)
+        .whenNotMatchedInsert(condition=src(ACTION) == "insert", values=inserts)
     )
     first = overview.truncates[0] if overview.truncates else None
     if first is not None:
-        merger = merger.when_not_matched_by_source_update(
-            updates={
-                sql_name(END_LSN): str(first.lsn),
-                sql_name(END_AT): _timestamp_literal(first.commit_time),
-                sql_name(END_OP): "'T'",
-                sql_name(IS_CURRENT): "false",
+        merger = merger.whenNotMatchedBySourceUpdate(
+            condition=current,
+            set={
+                quote_column(END_LSN): F.lit(first.lsn).cast("long"),
+                quote_column(END_AT): F.lit(first.commit_time).cast("timestamp"),
+                quote_column(END_OP): F.lit("T"),
+                quote_column(IS_CURRENT): F.lit(False),
             },
-            predicate=f"{TGT}.{sql_name(IS_CURRENT)}",
         )
-    metrics = execute_merge(delta, merger, app_id, version, props)
-    log.debug("history %s: %s", table.table_id, metrics)
-    return metrics
+    with tagged(spark, app_id, version, metadata):
+        merger.execute()

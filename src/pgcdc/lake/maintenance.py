@@ -1,36 +1,31 @@
-"""Keeping the lake's Delta tables fit for long runs: few files, and old files removed.
+"""Keeping the lake's Delta tables fit for long runs: few files, few deleted rows, old files gone.
 
-Every micro-batch adds at least one file to each Delta table it writes (a MERGE of new keys, an
-append): a continuous pipeline at one batch a second adds some 86,000 small files a day to each
-table. Every reader pays for each file (listing, opening, footers), and so does the Delta log:
-its checkpoints (every 100 commits, delta-rs's post-commit hook) list every file. So after each
-batch, for each Delta table it wrote (``Maintenance.after_batch``):
+Every micro-batch adds files to each Delta table it writes (the rows a MERGE wrote, an append,
+and with deletion vectors a small bitmap file per changed data file): a continuous pipeline at
+one batch a second adds tens of thousands of small files a day to each table. Every reader pays
+for each file, and so do the MERGEs. So after each batch, for each Delta table it wrote
+(``Maintenance.after_batch``), with Delta's own operations through its Spark connector:
 
-* **compaction**: once the table holds ``[lake] compact_files`` files smaller than a quarter
-  of ``[lake] target_file_size`` (16 MB), delta-rs's ``optimize.compact`` rewrites its files
-  below that size into files of about that size, keeping neighbouring files together (the
-  order rows were written in, so a mirror's files keep their key ranges for the MERGE's
-  pruning). It rewrites the files an earlier compaction made until they reach the size, so
-  the size bounds a compaction's work: with 64 MB, the compactions of the latency benchmark's
-  insert-only mirror took 0.5, 0.8, then 1.2 s (one per 100 batches), with 16 MB 0.5 to
-  0.7 s each (and a copy-on-write MERGE rewrites smaller files). One
-  commit, tagged ``{"pgcdc": {"operation": "compact"}}``; it changes no row, so it needs no
-  application transaction and a replayed batch is still recognised by its own. Small files
-  a compaction cannot merge (one between two files of the target size) do not count
-  towards the next;
-* **vacuum**: at most once every ``[lake] vacuum_interval`` seconds (3600) per table and
-  process, the files no version of the last
-  ``[lake] vacuum_retention_hours`` (168, Delta's default) uses any more are deleted
-  (delta-rs ``vacuum``): the files compaction and copy-on-write MERGEs replaced, and files no
-  version ever used (a write killed before its commit) once they are that old (with a
-  retention of an hour at least: younger ones may be another writer's, not committed yet).
-  Every file in the table's folder not used by the log is such a file: keep nothing else
-  there. Time travel to versions older than that then fails, as it does after Delta's own
-  ``VACUUM``.
+* **compaction** (``OPTIMIZE``): once the table holds ``[lake] compact_files`` files smaller
+  than a quarter of ``[lake] target_file_size`` (16 MB) more than the last compaction left,
+  files below the target size are rewritten into files of about that size. One commit, its
+  ``userMetadata`` ``{"pgcdc": {"operation": "compact"}}``; it changes no row, so it needs no
+  application transaction and a replayed batch is still recognised by its own. The files'
+  count comes from the Delta log read with delta-rs (no Spark job);
+* **purge** (``REORG TABLE ... APPLY (PURGE)``): at most every ``[lake] vacuum_interval``
+  seconds per table, when the rows the table's deletion vectors mark deleted are more than
+  ``[lake] purge_deleted_share`` of its rows, the files holding them are rewritten without
+  them (scattered updates mark a little of every file; readers skip those rows at a cost);
+* **vacuum** (``VACUUM``): at most every ``[lake] vacuum_interval`` seconds (3600) per table
+  and process, the files (and deletion vectors) no version of the last
+  ``[lake] vacuum_retention_hours`` (168, Delta's default) uses any more are deleted, and
+  files no version ever used (a write killed before its commit) once they are that old. Every
+  file in the table's folder not used by the log is such a file: keep nothing else there. Time
+  travel to versions older than that then fails, as after any ``VACUUM``.
 
-Maintenance never fails a batch: its data is committed before, and a compaction or vacuum that
-fails (a full disk, say) leaves the table as it was; it is logged as a warning and tried again
-after a later batch.
+Maintenance runs between batches, after a batch's commits and after its duration and lag were
+taken, and never fails a batch: its data is committed before, and a failed step leaves the
+table as it was; it is logged as a warning and tried again after a later batch.
 """
 
 from __future__ import annotations
@@ -40,134 +35,183 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable
 
-from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lake.delta import USER_METADATA, quote_name, user_metadata
+from pgcdc.lake.target import DeltaTarget
 
-__all__ = ["COMPACT_METADATA", "Maintenance"]
+__all__ = ["COMPACT_METADATA", "PURGE_METADATA", "Maintenance", "deleted_share"]
 
 log = logging.getLogger("pgcdc.lake")
 
-#: the custom commit metadata of a compaction
-COMPACT_METADATA = {"pgcdc": {"operation": "compact"}}
-#: per table: when this process last vacuumed it (monotonic clock)
-_vacuumed: dict[Path, float] = {}
-#: per table: the small files the last compaction left (those it could not merge)
-_left_small: dict[Path, int] = {}
+#: pgcdc's metadata of a compaction's and a purge's commits
+COMPACT_METADATA = {"operation": "compact"}
+PURGE_METADATA = {"operation": "purge"}
+#: per table path: when this process last vacuumed it / checked it for a purge (monotonic)
+_vacuumed: dict[str, float] = {}
+_purge_checked: dict[str, float] = {}
+#: per table path: the small files the last compaction left (those it could not merge)
+_left_small: dict[str, int] = {}
 _lock = threading.Lock()
+
+
+def deleted_share(spark: Any, path: str) -> float:
+    """The share of the table's rows its deletion vectors mark deleted (one Spark job over
+    the Delta log's file list)."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    jvm = spark.sparkContext._jvm
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    files = DataFrame(delta_log.unsafeVolatileSnapshot().allFiles().toDF(), spark)
+    summary = files.agg(
+        F.sum(F.coalesce(F.col("deletionVector.cardinality"), F.lit(0))),
+        F.sum(F.get_json_object(F.col("stats"), "$.numRecords").cast("long")),
+    ).first()
+    deleted, total = (None, None) if summary is None else (summary[0], summary[1])
+    if not total:
+        return 0.0
+    return float(deleted or 0) / float(total)
 
 
 @dataclass(frozen=True, slots=True)
 class Maintenance:
-    """When to compact and vacuum (``[lake] compact_files``, ``target_file_size``,
-    ``vacuum``, ``vacuum_retention_hours``, ``vacuum_interval``); picklable, like the batch
-    writer that holds it."""
+    """When to compact, purge and vacuum (``[lake] compact_files``, ``target_file_size``,
+    ``purge_deleted_share``, ``vacuum``, ``vacuum_retention_hours``, ``vacuum_interval``);
+    picklable, like the batch writer that holds it."""
 
     compact_files: int = 100  # 0: never compact
     target_file_size: int = 16 << 20
+    purge_deleted_share: float = 0.25  # 1.0 or more: never purge
     vacuum: bool = True
     vacuum_retention_hours: int = 168
-    vacuum_interval: float = 3600.0  # seconds between two vacuums of a table by a process
+    vacuum_interval: float = 3600.0  # seconds between two vacuums (and purge checks) of a table
 
-    def after_batch(self, targets: Iterable[tuple[str, DeltaTarget]]) -> None:
-        """Compact and vacuum, when due, each ``(name, target)`` a batch wrote."""
-        for name, target in targets:
-            for step in (self.compact, self.vacuum_if_due):
+    def after_batch(self, spark: Any, tables: Iterable[tuple[str, str]]) -> None:
+        """Compact, purge and vacuum, when due, each ``(name, path)`` a batch wrote."""
+        for name, path in tables:
+            for step in (self.compact, self.purge_if_due, self.vacuum_if_due):
                 try:
-                    step(name, target)
+                    step(spark, name, path)
                 except (KeyboardInterrupt, SystemExit):
                     raise
-                # never fails the batch, whose commits are done: nothing of it depends on this.
-                # BaseException: a panic in delta-rs arrives as pyo3's PanicException
-                except BaseException as exc:
+                # never fails the batch, whose commits are done: nothing of it depends on this
+                except Exception as exc:
                     log.warning(
                         "maintenance (%s) of %s failed (%s: %s); tried again after a later batch",
                         step.__name__,
                         name,
                         type(exc).__name__,
-                        str(exc)[:300],
+                        str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "",
                     )
 
-    def small_files(self, target: DeltaTarget) -> int:
+    def small_files(self, path: str) -> int:
         """How many of the table's files are smaller than a quarter of the target size."""
-        table = target.table()
-        return 0 if table is None else self._small_files(table)
-
-    def _small_files(self, table: DeltaTable) -> int:
+        table = DeltaTarget(path).table()
+        if table is None:
+            return 0
         sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
         return int(pc.sum(pc.less(sizes, self.target_file_size // 4)).as_py() or 0)
 
-    def compact(self, name: str, target: DeltaTarget) -> bool:
+    def compact(self, spark: Any, name: str, path: str) -> bool:
         """Compact the table if it holds ``compact_files`` small files more than the last
         compaction left; whether it did.
 
-        A compaction can leave small files it cannot merge (one between two files of the
-        target size or more, say): those do not count, else every batch would compact again
-        and do nothing."""
+        A compaction can leave small files it cannot merge (a lone small file, say): those do
+        not count, else every batch would compact again and do nothing."""
+        from delta.tables import DeltaTable
+
         if self.compact_files <= 0:
             return False
-        table = target.table()
-        if table is None:
-            return False
-        small = self._small_files(table)
+        small = self.small_files(path)
         with _lock:
-            left = _left_small.get(target.path, 0)
+            left = _left_small.get(path, 0)
         if small - left < self.compact_files:
             return False
         started = time.monotonic()
-        metrics = table.optimize.compact(
-            target_size=self.target_file_size,
-            commit_properties=CommitProperties(custom_metadata=COMPACT_METADATA),
-        )
+        conf = spark.conf
+        settings = {
+            "spark.databricks.delta.optimize.maxFileSize": str(self.target_file_size),
+            "spark.databricks.delta.optimize.minFileSize": str(self.target_file_size),
+            # rows marked deleted are the purge's to drop, not every compaction's
+            "spark.databricks.delta.optimize.maxDeletedRowsRatio": "1.0",
+            USER_METADATA: user_metadata(COMPACT_METADATA),
+        }
+        for key, value in settings.items():
+            conf.set(key, value)
+        try:
+            metrics = DeltaTable.forPath(spark, path).optimize().executeCompaction().first()
+        finally:
+            for key in settings:
+                conf.unset(key)
         seconds = time.monotonic() - started
-        remaining = self.small_files(target)
+        remaining = self.small_files(path)
         with _lock:
-            _left_small[target.path] = remaining
-        log.log(
-            logging.INFO if metrics.get("numFilesRemoved") else logging.DEBUG,
-            "compacted %s: %s files into %s, %d small files left (%.2f s)",
+            _left_small[path] = remaining
+        removed = metrics["metrics"]["numFilesRemoved"] if metrics is not None else None
+        log.info(
+            "compacted %s: %s files rewritten, %d small files left (%.2f s)",
             name,
-            metrics.get("numFilesRemoved"),
-            metrics.get("numFilesAdded"),
+            removed,
             remaining,
             seconds,
-            extra={"table": name, "files_removed": metrics.get("numFilesRemoved")},
+            extra={"table": name, "files_removed": removed},
         )
         return True
 
-    def vacuum_if_due(self, name: str, target: DeltaTarget, *, now: float | None = None) -> int:
-        """Vacuum the table unless this process did within ``vacuum_interval``; how many
-        replaced files past the retention it found (delta-rs counts those a previous vacuum
-        deleted too)."""
-        if not self.vacuum:
-            return 0
+    def _due(self, done: dict[str, float], path: str, now: float | None) -> float | None:
         now = time.monotonic() if now is None else now
         with _lock:
-            last = _vacuumed.get(target.path)
-            if last is not None and now - last < self.vacuum_interval:
-                return 0
-        table = target.table()
-        if table is None:
-            return 0
-        deleted = table.vacuum(
-            retention_hours=self.vacuum_retention_hours,
-            dry_run=False,
-            # below Delta's default of 7 days only when the configuration says so
-            enforce_retention_duration=self.vacuum_retention_hours >= 168,
-            # also the files no version ever referenced (a write killed before its commit),
-            # once an hour old at least: younger ones may be another writer's, not committed yet
-            full=self.vacuum_retention_hours >= 1,
-        )
+            last = done.get(path)
+        if last is not None and now - last < self.vacuum_interval:
+            return None
+        return now
+
+    def purge_if_due(self, spark: Any, name: str, path: str, *, now: float | None = None) -> bool:
+        """Purge the rows the table's deletion vectors mark when they pass
+        ``purge_deleted_share`` of its rows (checked at most every ``vacuum_interval``);
+        whether it purged."""
+        if self.purge_deleted_share >= 1.0:
+            return False
+        checked = self._due(_purge_checked, path, now)
+        if checked is None:
+            return False
+        share = deleted_share(spark, path)
+        purge = share > self.purge_deleted_share
+        if purge:
+            started = time.monotonic()
+            conf = spark.conf
+            conf.set(USER_METADATA, user_metadata(PURGE_METADATA))
+            try:
+                spark.sql(f"REORG TABLE delta.{quote_name(path)} APPLY (PURGE)")
+            finally:
+                conf.unset(USER_METADATA)
+            log.info(
+                "purged %s: %.0f%% of its rows were marked deleted (%.2f s)",
+                name,
+                share * 100,
+                time.monotonic() - started,
+                extra={"table": name},
+            )
+        with _lock:
+            _purge_checked[path] = checked
+        return purge
+
+    def vacuum_if_due(self, spark: Any, name: str, path: str, *, now: float | None = None) -> bool:
+        """Vacuum the table unless this process did within ``vacuum_interval``; whether it
+        vacuumed."""
+        from delta.tables import DeltaTable
+
+        if not self.vacuum:
+            return False
+        due = self._due(_vacuumed, path, now)
+        if due is None:
+            return False
+        DeltaTable.forPath(spark, path).vacuum(float(self.vacuum_retention_hours))
         with _lock:  # after it succeeded: a failed vacuum is tried again after the next batch
-            _vacuumed[target.path] = now
-        log.debug(
-            "vacuumed %s: %d replaced files past %d hours (deleted now or before)",
-            name,
-            len(deleted),
-            self.vacuum_retention_hours,
-        )
-        return len(deleted)
+            _vacuumed[path] = due
+        log.debug("vacuumed %s (retention %d hours)", name, self.vacuum_retention_hours)
+        return True

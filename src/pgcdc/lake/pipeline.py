@@ -46,19 +46,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-import pyarrow as pa
 
-from pgcdc.lake.batch import (
-    MAX_COMMIT_BYTES,
-    PROGRESS,
-    LakeBatchWriter,
-    Progress,
-    commit_bytes,
-    driver_heap,
-    table_column_pairs,
-)
+from pgcdc.lake.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
 from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source, source_columns
 from pgcdc.lake.config import ConfigError, PipelineConfig
+from pgcdc.lake.delta import delta_settings, is_delta_table, table_schema
 from pgcdc.lake.monitor import (
     BatchEvents,
     Observer,
@@ -72,7 +64,6 @@ from pgcdc.lake.schema_evolution import evolve
 from pgcdc.lake.snapshot import remove_tables, write_snapshot
 from pgcdc.lake.state import PipelineState, load_state, save_state
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout
-from pgcdc.lake.writer import DeltaTarget
 from pgcdc.lsn import Lsn
 from pgcdc.metrics import PipelineMetrics
 from pgcdc.replication import (
@@ -107,10 +98,11 @@ SPILL_READ_AHEAD_KEY = "spark.unsafe.sorter.spill.read.ahead.enabled"
 
 
 def session_conf(config: PipelineConfig) -> dict[str, str]:
-    """The Spark settings of the session a pipeline starts: ``[spark.conf]``, with defaults for
-    what it leaves out (``[spark] driver_host``, the cached batch size, the serializer's reset
-    interval and the sort spill readers' read-ahead below)."""
-    conf = dict(config.spark.conf)
+    """The Spark settings of the session a pipeline starts: ``[spark.conf]`` with Delta's
+    connector added (``delta.delta_settings``), and defaults for what it leaves out
+    (``[spark] driver_host``, the cached batch size, the serializer's reset interval and the
+    sort spill readers' read-ahead below)."""
+    conf = delta_settings(config.spark.conf)
     if config.spark.driver_host:
         conf.setdefault("spark.driver.host", config.spark.driver_host)
     # Each micro-batch is persisted (read by the overview, then per table). Spark's columnar
@@ -211,21 +203,6 @@ class Pipeline:
                 ) from exc
         return self._spark
 
-    def commit_bytes(self) -> int:
-        """``[lake] bytes_per_commit``, else the default for the driver's heap."""
-        if self.config.lake.bytes_per_commit is not None:
-            return self.config.lake.bytes_per_commit
-        heap = driver_heap(self.spark())
-        chosen = commit_bytes(heap)
-        if heap is not None and chosen < MAX_COMMIT_BYTES:
-            log.info(
-                "driver heap %d MiB: batches over %d MiB of a table's values are staged "
-                "([lake] bytes_per_commit)",
-                heap >> 20,
-                chosen >> 20,
-            )
-        return chosen
-
     def check(self) -> SourcePlan:
         """Validate the configuration against the source and the lake; creates nothing."""
         dsn = self.dsn
@@ -293,16 +270,19 @@ class Pipeline:
         plan = self.plan
         if plan is None:
             return
+        spark = self.spark()
         for table in plan.tables:
-            target = DeltaTarget(table.path(self.layout, "mirror"))
-            schema = target.arrow_schema()
-            if schema is None:
+            path = str(table.path(self.layout, "mirror"))
+            if not is_delta_table(spark, path):
                 continue
+            schema = table_schema(spark, path)
             present = set(source_columns(self.dsn, table)) | set(MIRROR_COLUMNS)
             gone = [name for name in schema.names if name not in present]
             if gone:
-                keep = pa.schema([f for f in schema if f.name not in gone])
-                evolve(target, keep, drop_missing=True, what=f"{table.table_id} mirror")
+                from pyspark.sql import types as T
+
+                keep = T.StructType([f for f in schema.fields if f.name not in gone])
+                evolve(spark, path, keep, drop_missing=True, what=f"{table.table_id} mirror")
 
     # -- run -------------------------------------------------------------------------------
 
@@ -648,8 +628,6 @@ class Pipeline:
             app_id=state.stream_app_id,
             dsn=self.dsn,
             fail_after=self._fail_after,
-            rows_per_commit=self.config.lake.rows_per_commit,
-            bytes_per_commit=self.commit_bytes(),
             maintenance=self.config.lake.maintenance(),
         )
         self.drop_gone_columns()

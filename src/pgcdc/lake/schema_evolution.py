@@ -1,22 +1,23 @@
-"""Keep a Delta table's schema in step with its source table's columns.
+"""Keep a Delta table's schema in step with its source table's columns (Delta's Spark writer).
 
 The Spark source's schema follows the source catalog (``pgcdc.spark.SchemaChanged`` restarts
 the query when a Relation message shows a change). Before writing a batch, ``evolve`` compares
 the Delta table's schema with the batch's:
 
-* added columns are added (``ALTER TABLE ADD COLUMNS``; existing rows read NULL), or, when
-  PostgreSQL gave existing rows a value without writing it to the WAL (``ADD COLUMN ...
-  DEFAULT <constant>``, the column's ``attmissingval``), the table is rewritten with that value
-  in every stored image: every row of the mirror, every version of the history, the changelog's
-  new images and whole old images. Every stored image was written before the column was
-  added, and PostgreSQL reads such a row with the missing value; the stream's rows written
-  before it do the same (``pgcdc.spark``), so an image reads the same whichever batch it came
-  in;
+* added columns are added (an empty append with ``mergeSchema``: a metadata-only commit;
+  existing rows read NULL), or, when PostgreSQL gave existing rows a value without writing it
+  to the WAL (``ADD COLUMN ... DEFAULT <constant>``, the column's ``attmissingval``), the table
+  is rewritten with that value in every stored image: every row of the mirror, every version of
+  the history, the changelog's new images and whole old images. Every stored image was written
+  before the column was added, and PostgreSQL reads such a row with the missing value; the
+  stream's rows written before it do the same (``pgcdc.spark``), so an image reads the same
+  whichever batch it came in;
 * a column whose type changed (widened ``int`` -> ``bigint``, ``numeric(10,2)`` ->
   ``numeric(12,2)``, ``varchar`` -> ``text`` ...; or any other type change PostgreSQL's
-  ``ALTER COLUMN TYPE`` made) is rewritten: the table is read, the column cast to the new
-  type, and written back in one overwrite commit (PostgreSQL itself rewrites the table and
-  sends no changes for it); a value that does not fit fails with an error naming the table and
+  ``ALTER COLUMN TYPE`` made) is rewritten: the table is read, the column cast to the new type,
+  and written back in one overwrite commit (PostgreSQL itself rewrites the table and sends no
+  changes for it; Delta's own type widening would need readers that know that table feature,
+  which delta-rs does not); a value that does not fit fails with an error naming the table and
   column;
 * dropped columns are removed from the mirror (one overwrite commit) so its columns are the
   source's, and kept in the history and changelog (old versions keep their values, new rows
@@ -29,15 +30,13 @@ Schema commits do not carry an application transaction: they are idempotent by c
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Field, write_deltalake
-
-from pgcdc.lake.writer import DeltaTarget, nullable_schema, nullable_type
+from pgcdc.lake.changes import quote_column
+from pgcdc.lake.delta import create_table, is_delta_table, table_schema, user_metadata
 
 __all__ = [
     "Defaults",
@@ -45,6 +44,7 @@ __all__ = [
     "SchemaChange",
     "SchemaEvolutionError",
     "evolve",
+    "plain_type",
     "plan_change",
 ]
 
@@ -55,14 +55,28 @@ class SchemaEvolutionError(RuntimeError):
     """A Delta table cannot follow its source table's schema change."""
 
 
+def plain_type(dtype: Any) -> Any:
+    """A Spark type with every nested field nullable and without field metadata (what two
+    schemas are compared by)."""
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.StructType):
+        return T.StructType([T.StructField(f.name, plain_type(f.dataType), True) for f in dtype])
+    if isinstance(dtype, T.ArrayType):
+        return T.ArrayType(plain_type(dtype.elementType), True)
+    if isinstance(dtype, T.MapType):
+        return T.MapType(plain_type(dtype.keyType), plain_type(dtype.valueType), True)
+    return dtype
+
+
 class SchemaChange:
     """The difference between a Delta table's schema and the wanted one."""
 
     __slots__ = ("added", "changed", "dropped")
 
-    def __init__(self, added: list[pa.Field], changed: list[pa.Field], dropped: list[str]) -> None:
-        self.added = added
-        self.changed = changed
+    def __init__(self, added: list[Any], changed: list[Any], dropped: list[str]) -> None:
+        self.added = added  # StructFields
+        self.changed = changed  # StructFields, in their new type
         self.dropped = dropped
 
     def __bool__(self) -> bool:
@@ -73,168 +87,183 @@ class SchemaChange:
         if self.added:
             parts.append("added " + ", ".join(f.name for f in self.added))
         if self.changed:
-            parts.append("retyped " + ", ".join(f"{f.name} to {f.type}" for f in self.changed))
+            parts.append(
+                "retyped "
+                + ", ".join(f"{f.name} to {f.dataType.simpleString()}" for f in self.changed)
+            )
         if self.dropped:
             parts.append("dropped " + ", ".join(self.dropped))
         return "; ".join(parts)
 
 
-def plan_change(current: pa.Schema, wanted: pa.Schema, *, drop_missing: bool) -> SchemaChange:
-    wanted = nullable_schema(wanted)
-    have = {f.name: nullable_type(f.type) for f in current}
-    names = set(wanted.names)
-    added = [f for f in wanted if f.name not in have]
-    changed = [f for f in wanted if f.name in have and have[f.name] != f.type]
-    dropped = [f.name for f in current if f.name not in names] if drop_missing else []
+def plan_change(current: Any, wanted: Any, *, drop_missing: bool) -> SchemaChange:
+    """What turns schema ``current`` into ``wanted`` (Spark ``StructType``s)."""
+    have = {f.name: plain_type(f.dataType) for f in current.fields}
+    names = {f.name for f in wanted.fields}
+    added = [f for f in wanted.fields if f.name not in have]
+    changed = [
+        f for f in wanted.fields if f.name in have and have[f.name] != plain_type(f.dataType)
+    ]
+    dropped = [f.name for f in current.fields if f.name not in names] if drop_missing else []
     return SchemaChange(added, changed, dropped)
 
 
 #: Resolves the values existing rows have in added columns (PostgreSQL's "fast default",
-#: ``pg_attribute.attmissingval``): column name -> value, for the columns that have one.
-Defaults = Callable[[Mapping[str, pa.DataType]], Mapping[str, Any]]
+#: ``pg_attribute.attmissingval``): column name -> value, for the columns that have one; it is
+#: given the columns' Arrow types.
+Defaults = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
 class Images:
-    """Where a table's stored rows hold row images, for ``evolve``'s defaults: ``rows``
-    gives the rows whose columns are a row image (None: every row); ``old`` names a struct
-    column of old images and the column telling which of them are whole rows ('O')."""
+    """Where a table's stored rows hold row images, for ``evolve``'s defaults: ``rows`` gives
+    the condition (a Spark Column) of the rows whose columns are a row image (None: every
+    row); ``old`` names a struct column of old images and the column telling which of them
+    are whole rows ('O')."""
 
-    rows: Callable[[pa.Table], pa.Array] | None = None
+    rows: Callable[[], Any] | None = None
     old: tuple[str, str] | None = None
 
 
 def evolve(
-    target: DeltaTarget,
-    wanted: pa.Schema,
+    spark: Any,
+    path: Path | str,
+    wanted: Any,
     *,
     drop_missing: bool,
     what: str,
+    stats_columns: Sequence[str] = (),
     defaults: Defaults | None = None,
     images: Images = Images(),
-) -> DeltaTable:
-    """Create the table with ``wanted`` or bring its schema to it; the (re)loaded table.
+) -> bool:
+    """Create the table with ``wanted`` (a Spark ``StructType``) or bring its schema to it;
+    whether anything changed. ``what`` names the table in logs and errors
+    (``shop.orders history``); ``stats_columns``: see ``delta.create_table``. ``defaults``
+    gives the value existing rows have in an added column; ``images`` says which stored values
+    are row images that take it (default: every row)."""
+    from pyspark.sql import types as T
 
-    ``what`` names the table in logs and errors (``shop.orders history``). ``defaults`` gives
-    the value existing rows have in an added column (``ALTER TABLE ... ADD COLUMN ... DEFAULT``
-    sets it without writing any change to the WAL); ``images`` says which stored values are
-    row images that take it (default: every row).
-    """
-    wanted = nullable_schema(wanted)
-    table = target.table()
-    if table is None:
-        DeltaTable.create(target.uri, wanted, mode="ignore")
-        log.info("created Delta table for %s at %s", what, target.path)
-        created = target.table()
-        assert created is not None
-        return created
-    current = pa.schema(table.schema().to_arrow())
+    wanted = T.StructType([T.StructField(f.name, plain_type(f.dataType), True) for f in wanted])
+    if not is_delta_table(spark, path):
+        return create_table(spark, path, wanted, stats_columns=stats_columns, what=what)
+    current = table_schema(spark, path)
     change = plan_change(current, wanted, drop_missing=drop_missing)
     if not change:
-        return table
+        return False
     fill: dict[str, Any] = {}
     if change.added and defaults is not None:
-        fill = dict(defaults({f.name: f.type for f in change.added}))
+        from pyspark.sql.pandas.types import to_arrow_type
+
+        fill = dict(defaults({f.name: to_arrow_type(f.dataType) for f in change.added}))
     if change.changed or change.dropped or fill:
-        _rewrite(target, current, wanted, change, what=what, fill=fill, images=images)
+        _rewrite(spark, path, current, wanted, change, what=what, fill=fill, images=images)
     else:
-        table.alter.add_columns(
-            [Field.from_arrow(pa.field(f.name, f.type, True)) for f in change.added],
-            commit_properties=CommitProperties(
-                custom_metadata={"pgcdc": {"operation": "add columns"}}
-            ),
+        # an empty append whose schema has the new columns: Delta adds them (metadata only)
+        schema = T.StructType(
+            [*current.fields, *[T.StructField(f.name, f.dataType, True) for f in change.added]]
+        )
+        (
+            spark.createDataFrame([], schema)
+            .write.format("delta")
+            .mode("append")
+            .option("mergeSchema", "true")
+            .option("userMetadata", user_metadata({"operation": "add columns"}))
+            .save(str(path))
         )
     log.info("schema of %s evolved: %s", what, change.describe())
-    evolved = target.table()
-    assert evolved is not None
-    return evolved
+    return True
 
 
 def _rewrite(
-    target: DeltaTarget,
-    current: pa.Schema,
-    wanted: pa.Schema,
+    spark: Any,
+    path: Path | str,
+    current: Any,
+    wanted: Any,
     change: SchemaChange,
     *,
     what: str,
-    fill: Mapping[str, Any] | None = None,
-    images: Images = Images(),
+    fill: Mapping[str, Any],
+    images: Images,
 ) -> None:
-    data = target.read()
-    where = None
-    if fill and images.rows is not None:
-        where = pc.fill_null(images.rows(data), False)
-    wanted_types = {f.name: f.type for f in wanted}
-    order = list(wanted.names) + [
-        n for n in current.names if n not in wanted_types and n not in change.dropped
+    from pyspark.sql import functions as F
+
+    data = spark.read.format("delta").load(str(path))
+    wanted_types = {f.name: f.dataType for f in wanted.fields}
+    kept = [
+        f for f in current.fields if f.name not in wanted_types and f.name not in change.dropped
     ]
-    arrays: list[pa.ChunkedArray] = []
-    fields: list[pa.Field] = []
-    for name in order:
-        if name in wanted_types:
-            typ = wanted_types[name]
-        else:
-            typ = nullable_type(current.field(name).type)
-        if name in data.column_names:
-            column = data.column(name)
-            if column.type != typ:
-                try:
-                    column = column.cast(typ, safe=True)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                    raise SchemaEvolutionError(
-                        f"cannot change column {name!r} of {what} from {column.type} to {typ}: "
-                        "stored values do not convert (the source's ALTER COLUMN TYPE changed "
-                        "them in a way the lake cannot follow); copy the table again into a "
-                        "new lake"
-                    ) from None
-        elif fill and name in fill:
-            value = pa.scalar(fill[name], type=typ)
-            filled = pa.repeat(value, data.num_rows)
+    if fill:
+        values = _fill_row(spark, fill, wanted_types)
+        data = data.crossJoin(F.broadcast(values))
+    where = images.rows() if (fill and images.rows is not None) else None
+    columns = []
+    for name, dtype in [*wanted_types.items(), *[(f.name, f.dataType) for f in kept]]:
+        if name in current.fieldNames():
+            column = F.col(quote_column(name))
+            if plain_type(current[name].dataType) != plain_type(dtype):
+                column = column.cast(dtype)
+        elif name in fill:
+            column = F.col(quote_column(_fill_name(name)))
             if where is not None:
-                filled = pc.if_else(where, filled, pa.nulls(data.num_rows, typ))
-            column = pa.chunked_array([filled], type=typ)
+                column = F.when(where, column)
         else:
-            column = pa.chunked_array([pa.nulls(data.num_rows, typ)], type=typ)
+            column = F.lit(None).cast(dtype)
         if fill and images.old is not None and name == images.old[0]:
-            column = _fill_old_images(column, data.column(images.old[1]), fill)
-        arrays.append(column)
-        fields.append(pa.field(name, typ, True))
-    # one chunk per column: delta-rs panics (and aborts the process) on a nested column
-    # whose chunks are cut differently from the other columns' (an added column is one chunk)
-    rewritten = pa.Table.from_arrays(arrays, schema=pa.schema(fields)).combine_chunks()
-    del data, arrays
-    write_deltalake(
-        target.uri,
-        rewritten,
-        mode="overwrite",
-        schema_mode="overwrite",
-        commit_properties=CommitProperties(
-            custom_metadata={"pgcdc": {"operation": "schema change", "change": change.describe()}}
-        ),
-    )
-    log.info("rewrote %s (%s rows) for a schema change", what, rewritten.num_rows)
+            column = _fill_old_images(column, dtype, images.old[1], fill)
+        columns.append(column.cast(dtype).alias(name) if name in fill else column.alias(name))
+    rewritten = data.select(*columns)
+    try:
+        (
+            rewritten.write.format("delta")
+            .mode("overwrite")
+            .option("overwriteSchema", "true")
+            .option(
+                "userMetadata",
+                user_metadata({"operation": "schema change", "change": change.describe()}),
+            )
+            .save(str(path))
+        )
+    except Exception as exc:
+        if "CAST" in str(exc).upper() and change.changed:
+            raise SchemaEvolutionError(
+                f"cannot change {', '.join(f.name for f in change.changed)} of {what} to the "
+                "source's new type: stored values do not convert (the source's ALTER COLUMN "
+                "TYPE changed them in a way the lake cannot follow); copy the table again into "
+                "a new lake"
+            ) from exc
+        raise
+    log.info("rewrote %s for a schema change (%s)", what, change.describe())
 
 
-def _fill_old_images(
-    old: pa.ChunkedArray, kinds: pa.ChunkedArray, fill: Mapping[str, Any]
-) -> pa.ChunkedArray:
+def _fill_name(name: str) -> str:
+    return f"__pgcdc_fill_{name}"
+
+
+def _fill_row(spark: Any, fill: Mapping[str, Any], types: Mapping[str, Any]) -> Any:
+    """A one-row DataFrame of the fill values, each in its column's type (built through Arrow,
+    so nested values convert as the stream's do)."""
+    import pyarrow as pa
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    names = list(fill)
+    arrays = [pa.array([fill[n]], type=to_arrow_type(types[n])) for n in names]
+    table = pa.Table.from_arrays(arrays, names=[_fill_name(n) for n in names])
+    schema = T.StructType([T.StructField(_fill_name(n), types[n], True) for n in names])
+    return spark.createDataFrame(table, schema=schema)
+
+
+def _fill_old_images(column: Any, dtype: Any, kind_column: str, fill: Mapping[str, Any]) -> Any:
     """A struct column of old images with ``fill``'s values in its added fields where the image
     is the whole old row ('O'; a key image holds only the key columns)."""
-    if not pa.types.is_struct(old.type):
-        return old
-    pairs = pa.Table.from_arrays([old, kinds], names=["old", "kind"]).to_batches()
-    chunks = []
-    for batch in pairs:
-        struct = batch.column(0)
-        whole = pc.fill_null(pc.equal(batch.column(1), "O"), False)
-        children = []
-        for i, field in enumerate(struct.type):
-            child = struct.field(i)
-            if field.name in fill:
-                value = pa.repeat(pa.scalar(fill[field.name], type=field.type), len(struct))
-                child = pc.if_else(whole, value, child)
-            children.append(child)
-        chunks.append(
-            pa.StructArray.from_arrays(children, fields=list(struct.type), mask=struct.is_null())
-        )
-    return pa.chunked_array(chunks, type=old.type)
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if not isinstance(dtype, T.StructType):
+        return column
+    whole = F.col(quote_column(kind_column)) == "O"
+    for field in dtype.fields:
+        if field.name in fill:
+            value = F.when(whole, F.col(quote_column(_fill_name(field.name))))
+            column = column.withField(quote_column(field.name), value.cast(field.dataType))
+    return column

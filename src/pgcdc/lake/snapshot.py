@@ -2,21 +2,27 @@
 
 The slot is created with an exported snapshot; the Spark source's snapshot reader
 (``pgcdc.spark.snapshot_reader``) splits each table into ctid ranges, all read in that snapshot
-with the publication's row filters. One Spark task per range reads its rows (``reader.copy``
-hands it Arrow record batches as they are decoded) and, in the same Python process, writes them
-as Parquet files straight into the folders of the table's Delta tables: the mirror, and the
-history (every row a current version, ``__start_op`` 'S', starting at the consistent point) and
-the changelog (rows with ``__op`` 'S') when the table has them. Only the columns whose first rows
-hold few distinct values are dictionary-encoded (``dictionary_columns``). The rows never pass
-through the JVM, and PostgreSQL is read once however many Delta tables are written.
+with the publication's row filters. First every Delta table is created, empty, by Delta's Spark
+connector (``delta.create_table``: deletion vectors, column mapping, statistics columns). Then
+one Spark task per range reads its rows (``reader.copy`` hands it Arrow record batches as they
+are decoded) and, in the same Python process, writes them as Parquet files straight into the
+folders of the table's Delta tables, under the columns' physical names (column mapping): the
+mirror, and the history (every row a current version, ``__start_op`` 'S', starting at the
+consistent point) and the changelog (rows with ``__op`` 'S') when the table has them. Each file's
+statistics (rows, and min, max and nulls of the table's statistics columns, from the Parquet
+footer the task wrote) go with it, so the stream's MERGEs skip files by key range from the first
+batch on. Only the columns whose first rows hold few distinct values are dictionary-encoded
+(``dictionary_columns``). The rows never pass through the JVM, and PostgreSQL is read once
+however many Delta tables are written.
 
 ``snapshot_rows`` gives those tables' rows as Spark expressions: it is what ``arrow_rows``
-computes, in the schema ``snapshot_schema`` gives (Spark's types for those expressions, as the
+computes, in the schema ``snapshot_struct`` gives (Spark's types for those expressions, as the
 stream's writes see the tables). When every task
-succeeded, each Delta table gets its files in one commit tagged ``Transaction(snapshot app id,
-generation)`` (``files.commit_files``); files of failed attempts are removed. A snapshot that
-did not finish is redone from scratch with a new slot (the next generation): the tables of the
-unfinished one are removed first.
+succeeded, each Delta table gets its files in one commit through the connector's commit API,
+tagged ``Transaction(snapshot app id, generation)`` (``delta.commit_files``): from then on the
+table is written by Delta's Spark connector alone. Files of failed attempts are removed. A
+snapshot that did not finish is redone from scratch with a new slot (the next generation): the
+tables of the unfinished one are removed first.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +44,8 @@ import pyarrow as pa
 
 from pgcdc.lake.changelog import changelog_rows
 from pgcdc.lake.changes import image_columns, lake_image, needs_cast, quote_column
-from pgcdc.lake.files import CommittedFile, commit_files
+from pgcdc.lake.delta import AddedFile, commit_files, create_table, stats_json
+from pgcdc.lake.multiset import snapshot_row_id
 from pgcdc.lake.tables import (
     CL_COMMIT_LSN,
     CL_COMMIT_LSN_TEXT,
@@ -53,6 +61,7 @@ from pgcdc.lake.tables import (
     OLD_KIND,
     OP,
     POSITION,
+    ROW_ID,
     START_AT,
     START_LSN,
     START_OP,
@@ -62,7 +71,7 @@ from pgcdc.lake.tables import (
     LakeTable,
     TableKind,
 )
-from pgcdc.lake.writer import DeltaTarget, cast_to, nullable_schema
+from pgcdc.lake.target import canonical_schema
 from pgcdc.lsn import Lsn
 
 __all__ = [
@@ -72,11 +81,14 @@ __all__ = [
     "SnapshotResult",
     "SnapshotTask",
     "arrow_rows",
+    "arrow_schema",
     "dictionary_columns",
+    "file_stats",
+    "physical_schema",
     "remove_tables",
     "snapshot_outputs",
     "snapshot_rows",
-    "snapshot_schema",
+    "snapshot_struct",
     "write_snapshot",
 ]
 
@@ -147,19 +159,79 @@ _FILES = pa.schema(
         ("path", pa.string()),
         ("size", pa.int64()),
         ("rows", pa.int64()),
+        ("stats", pa.string()),
     ]
 )
 
 
 @dataclass(frozen=True, slots=True)
 class SnapshotOutput:
-    """One Delta table a copy task writes: where, in which Arrow schema, from which column."""
+    """One Delta table a copy task writes: where, from which column, in which Arrow schema
+    (``schema``, by the columns' names), written under the columns' physical names
+    (``physical``: the same types, column mapping's names), with which statistics columns
+    (``stats``: physical names)."""
 
     table_id: str
     column: str
     kind: TableKind
     directory: str
     schema: pa.Schema
+    physical: pa.Schema
+    stats: tuple[str, ...] = ()
+
+
+def to_physical(table: pa.Table, physical: pa.Schema) -> pa.Table:
+    """``table`` under ``physical``'s names (a view: the same buffers, renamed fields)."""
+    columns = [
+        pa.chunked_array([chunk.view(f.type) for chunk in column.chunks], type=f.type)
+        for column, f in zip(table.columns, physical, strict=True)
+    ]
+    return pa.Table.from_arrays(columns, schema=physical)
+
+
+def _stat_value(dtype: pa.DataType, value: Any) -> Any | None:
+    """A Parquet statistic as Delta records it, for the types whose statistics Delta reads as
+    written (integers, text, decimals, dates); None for the others (no min/max: a MERGE then
+    reads the file whatever its keys)."""
+    if value is None:
+        return None
+    if pa.types.is_integer(dtype) and not pa.types.is_unsigned_integer(dtype):
+        return int(value)
+    if pa.types.is_string(dtype) and isinstance(value, str):
+        return value
+    if pa.types.is_decimal(dtype) and isinstance(value, Decimal):
+        return value
+    if pa.types.is_date32(dtype) and isinstance(value, date):
+        return value.isoformat()
+    return None
+
+
+def file_stats(path: str, output: SnapshotOutput) -> str:
+    """Delta's statistics of a Parquet file a copy task wrote, from its footer: its rows, and
+    the min, max and null count of ``output.stats``'s columns."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_metadata(path)
+    index = {meta.schema.column(j).path: j for j in range(meta.num_columns)}
+    types = {f.name: f.type for f in output.physical}
+    minimum: dict[str, Any] = {}
+    maximum: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in output.stats:
+        j = index.get(name)
+        if j is None:
+            continue
+        chunks = [meta.row_group(g).column(j).statistics for g in range(meta.num_row_groups)]
+        if not chunks or any(s is None or not s.has_null_count for s in chunks):
+            continue
+        nulls[name] = sum(int(s.null_count) for s in chunks)
+        valued = [s for s in chunks if s.has_min_max]
+        lows = [_stat_value(types[name], s.min) for s in valued]
+        highs = [_stat_value(types[name], s.max) for s in valued]
+        if valued and None not in lows and None not in highs:
+            minimum[name] = min(v for v in lows if v is not None)
+            maximum[name] = max(v for v in highs if v is not None)
+    return stats_json(meta.num_rows, minimum, maximum, nulls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,17 +255,24 @@ class SnapshotTask:
         outputs = self.outputs.get(partition.relid, ())
         writers: dict[int, tuple[str, pq.ParquetWriter]] = {}
         rows = [0] * len(outputs)
+        copied = 0  # the partition's rows so far (a table without a key numbers its copies)
 
         def write(batch: pa.RecordBatch) -> None:
+            nonlocal copied
+            count = 0
             for i, output in enumerate(outputs):
                 table = arrow_rows(
                     batch,
                     output,
                     consistent_point=self.consistent_point,
                     started_at=self.started_at,
+                    partition=index,
+                    first_row=copied,
                 )
+                count = table.num_rows
                 if not table.num_rows:
                     continue
+                table = to_physical(table, output.physical)
                 if i not in writers:
                     name = f"part-{uuid.uuid4().hex}-{self.tag}.snappy.parquet"
                     os.makedirs(output.directory, exist_ok=True)
@@ -202,13 +281,14 @@ class SnapshotTask:
                         name,
                         pq.ParquetWriter(
                             path,
-                            output.schema,
+                            output.physical,
                             compression="snappy",
                             use_dictionary=dictionary_columns(table),
                         ),
                     )
                 writers[i][1].write_table(table)
                 rows[i] += table.num_rows
+            copied += count
 
         try:
             self.reader.copy(partition, write)
@@ -223,14 +303,15 @@ class SnapshotTask:
         for i, (name, writer) in writers.items():
             writer.close()
             output = outputs[i]
-            size = os.path.getsize(os.path.join(output.directory, name))
+            path = os.path.join(output.directory, name)
             report.append(
                 {
                     "table_id": output.table_id,
                     "kind": output.kind,
                     "path": name,
-                    "size": size,
+                    "size": os.path.getsize(path),
                     "rows": rows[i],
+                    "stats": file_stats(path, output),
                 }
             )
         return pa.RecordBatch.from_pylist(report, schema=_FILES)
@@ -296,9 +377,12 @@ def arrow_rows(
     *,
     consistent_point: Lsn,
     started_at: datetime,
+    partition: int = 0,
+    first_row: int = 0,
 ) -> pa.Table:
     """``snapshot_rows`` in Arrow: the rows of ``output``'s Delta table for one record batch of
-    the snapshot reader, in ``output.schema``."""
+    the snapshot reader, in ``output.schema``; for a table without a key, each row's
+    ``__row_id`` numbers it from ``first_row`` within copy task ``partition``."""
     import pyarrow.compute as pc
 
     keep = pc.and_(
@@ -318,6 +402,10 @@ def arrow_rows(
         return pa.repeat(pa.scalar(value, types[name]), n)
 
     point = int(consistent_point)
+    if ROW_ID in types:
+        columns[ROW_ID] = pa.array(
+            [snapshot_row_id(partition, first_row + i) for i in range(n)], pa.string()
+        )
     if output.kind == "mirror":
         columns[COMMIT_LSN] = constant(COMMIT_LSN, point)
         columns[COMMIT_TIME] = constant(COMMIT_TIME, started_at)
@@ -358,17 +446,18 @@ def arrow_rows(
                 pa.repeat(pa.scalar([], unchanged.type), n),
             )
         )
-    table = pa.Table.from_arrays(
-        [columns[f.name] for f in output.schema], names=output.schema.names
-    )
-    return cast_to(table, output.schema)
+    arrays = []
+    for f in output.schema:
+        column = columns[f.name]
+        arrays.append(column if column.type == f.type else column.cast(f.type, safe=True))
+    return pa.Table.from_arrays(arrays, schema=output.schema)
 
 
-def snapshot_schema(source: Any, column: str, kind: TableKind) -> pa.Schema:
-    """The Arrow schema of ``snapshot_rows`` for the source schema ``source`` (a Spark
-    ``StructType``), built without Spark: the same types its expressions give."""
+def snapshot_struct(source: Any, column: str, kind: TableKind, *, multiset: bool = False) -> Any:
+    """The Spark schema of a Delta table's snapshot rows (``snapshot_rows``, and ``__row_id``
+    for the mirror and history of a table without a key) for the source schema ``source`` (a
+    Spark ``StructType``): the types the stream's writes give those tables too."""
     from pyspark.sql import types as T
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     struct = source[column].dataType
     image = struct["new"].dataType
@@ -377,6 +466,8 @@ def snapshot_schema(source: Any, column: str, kind: TableKind) -> pa.Schema:
     def add(name: str, dtype: Any) -> None:
         fields.append(T.StructField(name, dtype, True))
 
+    if multiset and kind != "changelog":
+        add(ROW_ID, T.StringType())
     if kind == "mirror":
         add(COMMIT_LSN, T.LongType())
         add(COMMIT_TIME, T.TimestampType())
@@ -406,13 +497,57 @@ def snapshot_schema(source: Any, column: str, kind: TableKind) -> pa.Schema:
         ]
         for name, dtype in changelog:
             add(name, dtype)
-    return nullable_schema(to_arrow_schema(T.StructType(fields), timezone="UTC"))
+    return T.StructType(fields)
+
+
+def arrow_schema(struct: Any) -> pa.Schema:
+    """A Spark schema in (canonical) Arrow types."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return canonical_schema(to_arrow_schema(struct, timezone="UTC"))
+
+
+def physical_type(dtype: pa.DataType, delta: Any) -> pa.DataType:
+    """``dtype`` with its struct fields renamed to their physical names in ``delta`` (the type
+    in the Delta table's schema JSON, with column mapping's metadata)."""
+    if pa.types.is_struct(dtype) and isinstance(delta, dict) and delta.get("type") == "struct":
+        by_name = {f["name"]: f for f in delta["fields"]}
+        fields = []
+        for f in dtype:
+            spec = by_name[f.name]
+            name = spec.get("metadata", {}).get("delta.columnMapping.physicalName", f.name)
+            fields.append(pa.field(name, physical_type(f.type, spec["type"]), True))
+        return pa.struct(fields)
+    if pa.types.is_list(dtype) and isinstance(delta, dict) and delta.get("type") == "array":
+        return pa.list_(pa.field("element", physical_type(dtype.value_type, delta["elementType"])))
+    if pa.types.is_map(dtype) and isinstance(delta, dict) and delta.get("type") == "map":
+        return pa.map_(
+            physical_type(dtype.key_type, delta["keyType"]),
+            physical_type(dtype.item_type, delta["valueType"]),
+        )
+    return dtype
+
+
+def physical_schema(directory: str, schema: pa.Schema) -> pa.Schema:
+    """``schema`` under the physical names of the Delta table at ``directory``."""
+    import json
+
+    from deltalake import DeltaTable
+
+    delta = json.loads(DeltaTable(directory).schema().to_json())
+    physical = physical_type(pa.struct(list(schema)), delta)
+    return pa.schema(list(physical))
 
 
 def snapshot_outputs(
-    reader: Any, layout: LakeLayout, tables: Sequence[LakeTable], table_columns: dict[str, str]
+    spark: Any,
+    reader: Any,
+    layout: LakeLayout,
+    tables: Sequence[LakeTable],
+    table_columns: dict[str, str],
 ) -> dict[int, tuple[SnapshotOutput, ...]]:
-    """Each copied table's outputs (by relid), in the Arrow schemas ``snapshot_rows`` gives."""
+    """Each copied table's outputs (by relid), its Delta tables created (empty) by Delta's
+    Spark connector in the schemas ``snapshot_struct`` gives."""
     from pyspark.sql import types as T
 
     source = reader.schema
@@ -428,87 +563,48 @@ def snapshot_outputs(
                 f"{table.table_id}: the lake's snapshot reads TIME and JSON columns as strings; "
                 "read the source without timeAsTime and jsonAsVariant"
             )
-        outputs[relids[table.table_id]] = tuple(
-            SnapshotOutput(
-                table.table_id,
-                column,
-                kind,
-                str(table.path(layout, kind)),
-                snapshot_schema(source, column, kind),
+        found = []
+        for kind in table.kinds():
+            directory = str(table.path(layout, kind))
+            struct = snapshot_struct(source, column, kind, multiset=table.multiset)
+            create_table(
+                spark,
+                directory,
+                struct,
+                stats_columns=table.stats_columns(kind),
+                what=f"{table.table_id} {kind}",
             )
-            for kind in table.kinds()
-        )
+            schema = arrow_schema(struct)
+            physical = physical_schema(directory, schema)
+            names = dict(zip(schema.names, physical.names, strict=True))
+            found.append(
+                SnapshotOutput(
+                    table.table_id,
+                    column,
+                    kind,
+                    directory,
+                    schema,
+                    physical,
+                    tuple(names[c] for c in table.stats_columns(kind) if c in names),
+                )
+            )
+        outputs[relids[table.table_id]] = tuple(found)
     return outputs
 
 
-#: Under Spark Connect (no SparkContext), the copy's tasks are the reads of a Python data source
-#: registered under this name and the copy's tag (one per copy, so that copies running at the
-#: same time on one session never run each other's tasks).
-SOURCE_NAME = "pgcdc_lake_snapshot"
-
-
-def _spark_context(spark: Any) -> Any:
-    """The session's SparkContext; None under Spark Connect (which has none)."""
-    try:
-        return spark.sparkContext
-    except Exception:  # Spark Connect: PySparkNotImplementedError
-        return None
-
-
 def _run(spark: Any, task: SnapshotTask) -> list[Any]:
-    """Run ``task`` on the executors, one Spark task per reader partition; the files' rows.
-
-    With a SparkContext, the tasks are an RDD's partitions: a first Python job costs Spark one
-    Python process (the executors' worker daemon, which the stream uses later anyway). Spark
-    Connect has no RDDs: there the tasks are a Python data source's read, for which Spark starts
-    a Python process per planning step (creating the source, planning its partitions) on top
-    of the executors' one, several seconds on a small machine."""
-    context = _spark_context(spark)
-    if context is None:
-        return _run_as_data_source(spark, task)
+    """Run ``task`` on the executors, one Spark task per reader partition (an RDD's
+    partitions: a first Python job costs Spark one Python process, the executors' worker
+    daemon, which the stream uses later anyway); the files' rows."""
     count = len(task.partitions)
+    context = spark.sparkContext
     return list(context.parallelize(range(count), count).mapPartitions(task.run).collect())
-
-
-def _run_as_data_source(spark: Any, task: SnapshotTask) -> list[Any]:
-    """``_run`` as a Python data source's read (``SOURCE_NAME`` and the copy's tag), registered
-    with ``task`` inside its class: each partition's ``read`` copies its range and yields the
-    files it wrote."""
-    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-
-    name = f"{SOURCE_NAME}_{task.tag.replace('-', '_')}"
-
-    class CopyReader(DataSourceReader):
-        def partitions(self) -> Sequence[InputPartition]:
-            return [InputPartition(i) for i in range(len(task.partitions))]
-
-        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-            yield task.copy(int(partition.value))
-
-    class CopySource(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return name
-
-        def schema(self) -> Any:
-            from pyspark.sql.pandas.types import from_arrow_schema
-
-            return from_arrow_schema(_FILES)
-
-        def reader(self, schema: Any) -> DataSourceReader:
-            return CopyReader()
-
-    spark.dataSource.register(CopySource)
-    return list(spark.read.format(name).load().collect())
 
 
 def _wait_for_tasks(spark: Any, timeout: float = 60.0) -> None:
     """After a failed copy, wait (up to ``timeout`` seconds) until Spark no longer runs the
     copy's stage. Spark Connect sessions have no status tracker here."""
-    context = _spark_context(spark)
-    if context is None:
-        return
-    tracker = context.statusTracker()
+    tracker = spark.sparkContext.statusTracker()
     deadline = time.monotonic() + timeout
     while tracker.getActiveStageIds() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -566,7 +662,7 @@ def write_snapshot(
     read, then with ``(table id, mirror rows)`` as each table is committed."""
     result = SnapshotResult()
     started = time.monotonic()
-    outputs = snapshot_outputs(reader, layout, tables, table_columns)
+    outputs = snapshot_outputs(spark, reader, layout, tables, table_columns)
     partitions = tuple(reader.partitions())
     tag = f"s{generation}-{uuid.uuid4().hex[:8]}"
     task = SnapshotTask(reader, partitions, outputs, consistent_point, started_at, tag)
@@ -584,19 +680,25 @@ def write_snapshot(
         for table, found in zip(tables, outputs.values(), strict=True):  # in tables' order
             for output in found:
                 written = by_output.get((output.table_id, output.kind), [])
-                target = DeltaTarget(output.directory)
-                Path(output.directory).mkdir(parents=True, exist_ok=True)
                 # kept from here on even if the commit raises: it may have landed first
                 committed.update(r["path"] for r in written)
+                count = sum(int(r["rows"]) for r in written)
                 commit_files(
-                    target,
-                    output.schema,
-                    [CommittedFile(r["path"], int(r["size"]), int(r["rows"])) for r in written],
+                    spark,
+                    output.directory,
+                    [
+                        AddedFile(r["path"], int(r["size"]), int(r["rows"]), r["stats"])
+                        for r in written
+                    ],
                     app_id=app_id,
                     version=generation,
-                    metadata={"snapshot": generation, "consistent_point": str(consistent_point)},
+                    metadata={
+                        "snapshot": generation,
+                        "consistent_point": str(consistent_point),
+                        "rows": count,
+                        "files": len(written),
+                    },
                 )
-                count = sum(int(r["rows"]) for r in written)
                 if output.kind == "mirror":
                     result.rows[table.table_id] = count
                 log.info("snapshot of %s %s: %s rows", table.table_id, output.kind, count)

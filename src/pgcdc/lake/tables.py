@@ -29,6 +29,7 @@ __all__ = [
     "MIRROR_COLUMNS",
     "RESERVED_COLUMNS",
     "RESERVED_PREFIX",
+    "ROW_ID",
     "LakeLayout",
     "LakeTable",
     "TableKind",
@@ -41,7 +42,10 @@ TableKind = Literal["mirror", "history", "changelog"]
 # mirror: the commit LSN and time of the change that last wrote the row
 COMMIT_LSN = "__commit_lsn"
 COMMIT_TIME = "__commit_time"
-MIRROR_COLUMNS = (COMMIT_LSN, COMMIT_TIME)
+# mirror and history of a table without a key (REPLICA IDENTITY FULL, no primary key): which
+# copy of its values the row is (the source may hold identical rows; ``pgcdc.lake.multiset``)
+ROW_ID = "__row_id"
+MIRROR_COLUMNS = (COMMIT_LSN, COMMIT_TIME, ROW_ID)
 
 # history: a version is valid from its start (inclusive) to its end (exclusive, NULL: current)
 START_LSN = "__start_lsn"
@@ -124,11 +128,6 @@ class LakeLayout:
         return self.state_dir / f"checkpoint-{generation}"
 
     @property
-    def stage_dir(self) -> Path:
-        """Where executors stage the rows of large batches (``pgcdc.lake.stage``)."""
-        return self.state_dir / "stage"
-
-    @property
     def snapshot_dir(self) -> Path:
         return self.state_dir / "snapshot"
 
@@ -147,6 +146,9 @@ class LakeTable:
     name: str
     keys: tuple[str, ...]  # columns identifying a row (primary key / replica identity)
     replica_identity: str  # 'd', 'i', 'f' (pg_class.relreplident)
+    #: no key: REPLICA IDENTITY FULL without a primary key (``keys`` are then every column,
+    #: and the source may hold identical rows: the lake tables keep one row per copy)
+    multiset: bool = False
     row_filter: str | None = None  # the publication's row filter, as the server prints it
     history: bool = False
     changelog: bool = False
@@ -156,6 +158,22 @@ class LakeTable:
     def table_id(self) -> str:
         """``schema.table`` as the Spark source's ``_table_id`` column carries it."""
         return f"{self.schema}.{self.name}"
+
+    @property
+    def row_keys(self) -> tuple[str, ...]:
+        """The columns identifying a row of the mirror (and a version's row in the history):
+        the key, or ``__row_id`` for a table without one."""
+        return (ROW_ID,) if self.multiset else self.keys
+
+    def stats_columns(self, kind: TableKind) -> tuple[str, ...]:
+        """The columns whose min/max each file of a Delta table records: what its MERGEs match
+        on (Delta skips the files outside a batch's keys), and the changelog's commit LSN (a
+        reader's range of changes)."""
+        if kind == "mirror":
+            return (*self.row_keys, COMMIT_LSN, COMMIT_TIME)
+        if kind == "history":
+            return (*self.row_keys, START_LSN)
+        return (CL_COMMIT_LSN,)
 
     def path(self, layout: LakeLayout, kind: TableKind = "mirror") -> Path:
         return layout.table_path(self.schema, self.name, kind)

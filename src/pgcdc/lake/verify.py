@@ -26,7 +26,7 @@ from psycopg import sql
 
 from pgcdc.lake.catalog import source_columns
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout, LakeTable
-from pgcdc.lake.writer import DeltaTarget
+from pgcdc.lake.target import DeltaTarget
 from pgcdc.replication.database import connect_sql
 
 __all__ = ["TableCheck", "compare_mirror", "compare_tables", "lake_rows", "source_rows"]
