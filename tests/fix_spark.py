@@ -39,6 +39,8 @@ def spark() -> Iterator[SparkSession]:
                 "spark.sql.streaming.stopTimeout": "30s",
                 "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
                 "spark.python.worker.reuse": "true",
+                # as pipelines run local sessions (pgcdc.lake.pipeline.session_conf)
+                "spark.sql.adaptive.enabled": "false",
             }
         ),
         # the tests' own JVM runs the whole session: the pgcdc runs they start write the

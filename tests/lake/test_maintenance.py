@@ -1,20 +1,18 @@
-"""Compaction and vacuum of the lake's Delta tables (pgcdc.lake.maintenance): real Delta tables,
-and a real pipeline whose batches each add files."""
+"""Compaction, purges and vacuum of the lake's Delta tables (pgcdc.lake.maintenance) with Delta's
+own operations: real Delta tables, and a real pipeline whose batches each add files."""
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
 
-from pgcdc.lake.maintenance import COMPACT_METADATA, Maintenance
+from pgcdc.lake.delta import create_table
+from pgcdc.lake.maintenance import COMPACT_METADATA, PURGE_METADATA, Maintenance, deleted_share
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase
@@ -25,89 +23,82 @@ def _parquet_on_disk(path: Path) -> int:
     return len(list(path.glob("*.parquet")))
 
 
-def _appended(path: Path, files: int) -> DeltaTarget:
-    for i in range(files):
-        rows = pa.table({"id": list(range(i * 10, i * 10 + 10))})
-        write_deltalake(str(path), rows, mode="append")
-    return DeltaTarget(path)
+def _appended(spark: Any, path: Path, files: int, start: int = 0) -> str:
+    from pyspark.sql import types as T
+
+    if not path.exists():
+        schema = T.StructType([T.StructField("id", T.LongType())])
+        create_table(spark, path, schema, stats_columns=["id"], what="test")
+    for i in range(start, start + files):
+        rows = spark.createDataFrame([(j,) for j in range(i * 10, i * 10 + 10)], "id bigint")
+        rows.coalesce(1).write.format("delta").mode("append").save(str(path))
+    return str(path)
 
 
-def test_small_files_are_compacted_and_replaced_files_vacuumed(tmp_path: Path) -> None:
-    target = _appended(tmp_path / "t", 6)
+def _operations(path: str) -> list[tuple[str, dict[str, Any] | None]]:
+    return [(op, meta) for _, op, meta in DeltaTarget(path).commits()]
+
+
+def test_small_files_are_compacted_and_replaced_files_vacuumed(spark: Any, tmp_path: Path) -> None:
+    path = _appended(spark, tmp_path / "t", 6)
+    target = DeltaTarget(path)
     rows = sorted(target.read().column("id").to_pylist())
-    keep = Maintenance(compact_files=7, vacuum=False)
-    keep.after_batch([("t", target)])
-    assert len(target.table().file_uris()) == 6  # fewer small files than the threshold
+    Maintenance(compact_files=7, vacuum=False).after_batch(spark, [("t", path)])
+    assert len(target.files()) == 6  # fewer small files than the threshold
     maintenance = Maintenance(compact_files=6, vacuum_retention_hours=0)
-    assert maintenance.small_files(target) == 6
-    maintenance.after_batch([("t", target)])
-    table = target.table()
-    assert len(table.file_uris()) == 1
+    assert maintenance.small_files(path) == 6
+    maintenance.after_batch(spark, [("t", path)])
+    assert len(target.files()) == 1
     assert sorted(target.read().column("id").to_pylist()) == rows
-    compactions = [c for c in table.history() if c.get("operation") == "OPTIMIZE"]
-    assert len(compactions) == 1 and compactions[0]["pgcdc"] == COMPACT_METADATA["pgcdc"]
+    assert ("OPTIMIZE", COMPACT_METADATA) in _operations(path)
     # the replaced files were deleted (retention 0): only the compacted one is left on disk
     assert _parquet_on_disk(tmp_path / "t") == 1
     # at most one vacuum per vacuum_interval and table
-    _appended(tmp_path / "t", 2)
-    Maintenance(compact_files=2, vacuum_retention_hours=0).after_batch([("t", target)])
-    assert len(target.table().file_uris()) == 1 and _parquet_on_disk(tmp_path / "t") == 4
+    _appended(spark, tmp_path / "t", 2, start=6)
+    Maintenance(compact_files=2, vacuum_retention_hours=0).after_batch(spark, [("t", path)])
+    assert len(target.files()) == 1 and _parquet_on_disk(tmp_path / "t") == 4
     # a file no version ever referenced (a write killed before its commit) goes too, once
-    # older than the retention, and only with a retention of an hour or more (a younger file
-    # may be another writer's, about to be committed)
+    # older than the retention
     orphan, young = tmp_path / "t" / "part-orphan.parquet", tmp_path / "t" / "part-young.parquet"
     orphan.write_bytes(b"PAR1")
     young.write_bytes(b"PAR1")
     two_hours_ago = time.time() - 7200
     os.utime(orphan, (two_hours_ago, two_hours_ago))
-    later = Maintenance(compact_files=0, vacuum_retention_hours=0)
-    # past the interval after the vacuum above, whose time is the real monotonic clock (the
-    # machine's uptime: a fixed time is within the interval of it on a machine up long enough)
-    clock = time.monotonic()
-    assert later.vacuum_if_due("t", target, now=clock + later.vacuum_interval * 10) > 0
-    assert _parquet_on_disk(tmp_path / "t") == 3 and orphan.exists() and young.exists()
     hourly = Maintenance(compact_files=0, vacuum_retention_hours=1)
-    hourly.vacuum_if_due("t", target, now=clock + hourly.vacuum_interval * 20)
+    # past the interval after the vacuum above, whose time is the real monotonic clock
+    clock = time.monotonic()
+    assert hourly.vacuum_if_due(spark, "t", path, now=clock + hourly.vacuum_interval * 20)
     assert not orphan.exists() and young.exists()
-    assert _parquet_on_disk(tmp_path / "t") == 2
-    assert sorted(target.read().column("id").to_pylist()) == sorted(rows + list(range(20)))
+    assert sorted(target.read().column("id").to_pylist()) == sorted(rows + list(range(60, 80)))
 
 
-def test_small_files_compaction_cannot_merge_do_not_make_every_batch_compact(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    # small files each between two files above the target size: no compaction merges them
-    path = tmp_path / "t"
-    for i in range(4):
-        write_deltalake(str(path), pa.table({"id": [i]}), mode="append")
-        big = pa.table({"id": [random.getrandbits(62) for _ in range(2000)]})
-        write_deltalake(str(path), big, mode="append")
-    target = DeltaTarget(path)
-    maintenance = Maintenance(compact_files=3, target_file_size=4096, vacuum=False)
-    assert maintenance.small_files(target) == 4
-    version = target.table().version()
-    assert maintenance.compact("t", target)  # tried once: nothing to merge
-    assert maintenance.small_files(target) == 4 and target.table().version() == version
-    with caplog.at_level(logging.DEBUG, logger="pgcdc.lake"):
-        caplog.clear()
-        assert not maintenance.compact("t", target)  # not again and again
-    assert "compacted" not in caplog.text
-    # new small files, side by side, count: the next compaction merges them
-    for i in range(3):
-        write_deltalake(str(path), pa.table({"id": [100 + i]}), mode="append")
-    assert maintenance.compact("t", target)
-    assert maintenance.small_files(target) == 5 and len(target.table().file_uris()) == 9
-    assert not maintenance.compact("t", target)
+def test_rows_marked_deleted_are_purged_past_the_share(spark: Any, tmp_path: Path) -> None:
+    from delta.tables import DeltaTable
+
+    path = _appended(spark, tmp_path / "t", 4)
+    DeltaTable.forPath(spark, path).delete("id % 10 < 2")  # 20% marked in deletion vectors
+    assert deleted_share(spark, path) == pytest.approx(0.2)
+    clock = time.monotonic()
+    assert not Maintenance(purge_deleted_share=0.25).purge_if_due(spark, "t", path, now=clock)
+    purge = Maintenance(purge_deleted_share=0.1)
+    # checked at most every vacuum_interval: the check above counts for this table
+    assert not purge.purge_if_due(spark, "t", path, now=clock + 1)
+    assert purge.purge_if_due(spark, "t", path, now=clock + purge.vacuum_interval + 1)
+    assert deleted_share(spark, path) == 0.0
+    assert ("REORG", PURGE_METADATA) in _operations(path)
+    assert DeltaTarget(path).count() == 32
 
 
 def test_maintenance_that_fails_never_fails_the_batch(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    target = _appended(tmp_path / "t", 3)
+    path = _appended(spark, tmp_path / "t", 3)
     # the next commit of the log is garbage: loading the table fails
-    (tmp_path / "t" / "_delta_log" / f"{3:020d}.json").write_text("not json\n")
+    version = DeltaTarget(path).version()
+    assert version is not None
+    (tmp_path / "t" / "_delta_log" / f"{version + 1:020d}.json").write_text("not json\n")
     with caplog.at_level(logging.WARNING, logger="pgcdc.lake"):
-        Maintenance(compact_files=2).after_batch([("public.t mirror", target)])
+        Maintenance(compact_files=2).after_batch(spark, [("public.t mirror", path)])
     assert "maintenance (compact) of public.t mirror failed" in caplog.text
 
 
@@ -141,10 +132,9 @@ def test_a_pipeline_compacts_what_its_batches_add(
     assert_history_matches_mirror(pipeline, table)
     for kind in ("mirror", "history", "changelog"):
         target = DeltaTarget(table.path(pipeline.layout, kind))
-        delta = target.table()
-        assert delta is not None
-        assert any(c.get("operation") == "OPTIMIZE" for c in delta.history()), kind
-        assert len(delta.file_uris()) < 4 + 4, kind  # compacted as the batches went
-        assert _parquet_on_disk(target.path) == len(delta.file_uris()), kind  # vacuumed
+        operations = _operations(str(target.path))
+        assert ("OPTIMIZE", COMPACT_METADATA) in operations, kind
+        assert len(target.files()) < 4 + 4, kind  # compacted as the batches went
+        assert _parquet_on_disk(target.path) == len(target.files()), kind  # vacuumed
     changelog = DeltaTarget(table.path(pipeline.layout, "changelog")).read()
     assert changelog.num_rows == 240

@@ -1,19 +1,19 @@
-"""delta-rs MERGEs as pgcdc runs them (``lake.writer.MERGE_OPTIONS``), on real Delta tables.
+"""The mirror's MERGE as pgcdc runs it (Delta's Spark connector, deletion vectors), on real
+Delta tables read back by Spark's Delta reader and by delta-rs.
 
-A MERGE reads, and rewrites, every file of the target that may hold a source key; its memory
-grows with what it reads. pgcdc's MERGEs let delta-rs skip the files outside the source keys'
-range, so appending new keys (a bulk load, a large transaction's chunks in key order) never
-reads the rows already in the table.
+* a MERGE writes what the batch changed, not what the table weighs: an update of a few rows of a
+  large file marks them in a deletion vector and writes the new rows; no stored row is copied;
+* pgcdc's MERGEs bound the target's key by the batch's key range, so Delta skips the files
+  outside it: appending new keys (a bulk load, increasing ids) never reads the stored rows;
+  a batch that truncated the table has no such bound (it deletes every row it did not write).
 """
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.compute as pc
-from deltalake import DeltaTable
+from typing import Any
 
 from pgcdc.lake.mirror import OP_COLUMN, merge_mirror
 from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME, LakeTable
@@ -22,68 +22,99 @@ from pgcdc.lake.target import DeltaTarget
 TABLE = LakeTable("public", "items", ("id",), "d")
 
 
-def _rows(ids: list[int], ops: list[str], lsn: int) -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "note": pa.array([f"note {i} at {lsn}" for i in ids]),
-            COMMIT_LSN: pa.array([lsn] * len(ids), pa.int64()),
-            COMMIT_TIME: pa.array(
-                [datetime(2026, 1, 1, tzinfo=UTC)] * len(ids), pa.timestamp("us", tz="UTC")
-            ),
-            OP_COLUMN: pa.array(ops),
-        }
+def _rows(spark: Any, ids: list[int], ops: list[str], lsn: int) -> Any:
+    from pyspark.sql import types as T
+
+    schema = T.StructType(
+        [
+            T.StructField("id", T.LongType()),
+            T.StructField("note", T.StringType()),
+            T.StructField(COMMIT_LSN, T.LongType()),
+            T.StructField(COMMIT_TIME, T.TimestampType()),
+            T.StructField(OP_COLUMN, T.StringType()),
+        ]
     )
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    data = [(i, f"note {i} at {lsn}", lsn, at, op) for i, op in zip(ids, ops, strict=True)]
+    return spark.createDataFrame(data, schema)
 
 
-def _merge(target: DeltaTarget, rows: pa.Table, version: int) -> None:
+def _merge(spark: Any, path: Path, rows: Any, version: int, *, truncated: bool = False) -> None:
     merge_mirror(
-        target, rows, TABLE, ["id", "note"], truncated=False, app_id="test", version=version
+        spark,
+        str(path),
+        rows,
+        TABLE,
+        ["id", "note"],
+        truncated=truncated,
+        app_id="test",
+        version=version,
+        metadata={"batch": version},
     )
 
 
-def _last_merge_range(path: Path) -> str | None:
-    (commit,) = DeltaTable(str(path)).history(1)
+def _last_merge(spark: Any, path: Path) -> tuple[str, dict[str, str]]:
+    from delta.tables import DeltaTable
+
+    (commit,) = DeltaTable.forPath(spark, str(path)).history(1).collect()
     assert commit["operation"] == "MERGE"
-    predicate: str | None = commit["operationParameters"].get("predicate")
-    return predicate
+    assert json.loads(commit["userMetadata"]) == {"pgcdc": {"batch": commit["version"] - 1}}
+    return str(commit["operationParameters"]["predicate"]), dict(commit["operationMetrics"])
 
 
-def test_merge_reads_only_the_source_keys_range(tmp_path: Path) -> None:
-    target = DeltaTarget(tmp_path / "mirror")
-    _merge(target, _rows(list(range(1000)), ["U"] * 1000, 10), 1)
-    # new keys above the stored ones: the MERGE is limited to their range (the files of keys
-    # 0-999 are skipped, not read)
-    _merge(target, _rows(list(range(1000, 2000)), ["U"] * 1000, 20), 2)
-    assert _last_merge_range(tmp_path / "mirror") == "id >= 1000 AND id <= 1999"
+def test_a_merge_writes_the_changed_rows_only(spark: Any, tmp_path: Path) -> None:
+    path = tmp_path / "mirror"
+    _merge(spark, path, _rows(spark, list(range(20_000)), ["U"] * 20_000, 10), 1)
+    _merge(spark, path, _rows(spark, [5, 7, 19_999], ["U", "D", "U"], 20), 2)
+    _, metrics = _last_merge(spark, path)
+    assert metrics["numTargetRowsCopied"] == "0"  # nothing rewritten but the changed rows
+    assert metrics["numTargetRowsUpdated"] == "2" and metrics["numTargetRowsDeleted"] == "1"
+    assert int(metrics["numTargetDeletionVectorsAdded"]) >= 1
+    assert int(metrics["numTargetBytesAdded"]) < 10_000
+    stored = DeltaTarget(path).read().sort_by("id")  # delta-rs applies the deletion vectors
+    assert stored.num_rows == 19_999
+    notes = dict(zip(stored["id"].to_pylist(), stored["note"].to_pylist(), strict=True))
+    assert (notes[5], notes[6], notes[19_999]) == (
+        "note 5 at 20",
+        "note 6 at 10",
+        "note 19999 at 20",
+    )
+    assert 7 not in notes
+    read = spark.read.format("delta").load(str(path))  # so does Spark's Delta reader
+    assert read.count() == 19_999 and read.where("id = 7").count() == 0
+
+
+def test_a_merge_reads_only_the_batch_keys_range(spark: Any, tmp_path: Path) -> None:
+    path = tmp_path / "mirror"
+    _merge(spark, path, _rows(spark, list(range(1000)), ["U"] * 1000, 10), 1)
+    # new keys above the stored ones: the MERGE is bounded to their range (the files of keys
+    # 0-999 are skipped by their statistics, not read)
+    _merge(spark, path, _rows(spark, list(range(1000, 2000)), ["U"] * 1000, 20), 2)
+    predicate, metrics = _last_merge(spark, path)
+    assert ">= 1000" in predicate and "<= 1999" in predicate, predicate
+    assert metrics["numTargetRowsUpdated"] == "0" and metrics["numTargetRowsInserted"] == "1000"
     # an update and a delete in the stored range, and an insert: still exact
-    _merge(target, _rows([5, 1500, 2500], ["U", "D", "U"], 30), 3)
-    assert _last_merge_range(tmp_path / "mirror") == "id >= 5 AND id <= 2500"
-    stored = target.read().sort_by("id")
+    _merge(spark, path, _rows(spark, [5, 1500, 2500], ["U", "D", "U"], 30), 3)
+    predicate, _ = _last_merge(spark, path)
+    assert ">= 5" in predicate and "<= 2500" in predicate, predicate
+    stored = DeltaTarget(path).read().sort_by("id")
     ids = stored["id"].to_pylist()
     assert ids == [i for i in range(2000) if i != 1500] + [2500]
     notes = dict(zip(ids, stored["note"].to_pylist(), strict=True))
-    assert notes[5] == "note 5 at 30"
-    assert notes[4] == "note 4 at 10"
-    assert notes[1999] == "note 1999 at 20"
-    assert notes[2500] == "note 2500 at 30"
-    assert pc.max(stored[COMMIT_LSN]).as_py() == 30
-
-
-def test_a_truncating_merge_still_reads_the_whole_table(tmp_path: Path) -> None:
-    """A batch that truncated the table deletes every stored row it did not write, also
-    outside its keys' range: delta-rs must not prune there (and does not: no range is
-    recorded)."""
-    target = DeltaTarget(tmp_path / "mirror")
-    _merge(target, _rows(list(range(100)), ["U"] * 100, 10), 1)
-    merge_mirror(
-        target,
-        _rows([500, 501], ["U", "U"], 20),
-        TABLE,
-        ["id", "note"],
-        truncated=True,
-        app_id="test",
-        version=2,
+    assert (notes[5], notes[4], notes[1999], notes[2500]) == (
+        "note 5 at 30",
+        "note 4 at 10",
+        "note 1999 at 20",
+        "note 2500 at 30",
     )
-    assert _last_merge_range(tmp_path / "mirror") is None
-    assert target.read()["id"].to_pylist() in ([500, 501], [501, 500])
+
+
+def test_a_truncating_merge_reads_the_whole_table(spark: Any, tmp_path: Path) -> None:
+    """A batch that truncated the table deletes every stored row it did not write, also
+    outside its keys' range: no bound there."""
+    path = tmp_path / "mirror"
+    _merge(spark, path, _rows(spark, list(range(100)), ["U"] * 100, 10), 1)
+    _merge(spark, path, _rows(spark, [500, 501], ["U", "U"], 20), 2, truncated=True)
+    predicate, _ = _last_merge(spark, path)
+    assert ">=" not in predicate, predicate
+    assert sorted(DeltaTarget(path).read()["id"].to_pylist()) == [500, 501]

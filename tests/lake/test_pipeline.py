@@ -26,8 +26,8 @@ from pgcdc.lake.config import ConfigError, PipelineConfig, parse_config
 from pgcdc.lake.pipeline import Pipeline, PipelineError
 from pgcdc.lake.state import PipelineState, save_state
 from pgcdc.lake.tables import HISTORY_COLUMNS, IS_CURRENT, MIRROR_COLUMNS, LakeTable
-from pgcdc.lake.verify import compare_tables
 from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.verify import compare_tables
 from tests.fix_pg import PgDatabase
 from tests.lake.workload import SCHEMA, TABLES, Workload
 

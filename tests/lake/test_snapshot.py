@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from pgcdc.lake.writer import DeltaTarget, cast_to, nullable_schema
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pgcdc.lake import snapshot
@@ -28,7 +29,6 @@ from pgcdc.lake.snapshot import (
     snapshot_rows,
     write_snapshot,
 )
-from pgcdc.lake.writer import DeltaTarget, cast_to, nullable_schema
 from pgcdc.spark import read_snapshot, snapshot_options, snapshot_reader, table_column
 from tests.fix_pg import PgDatabase
 from tests.lake.test_pipeline import make_config

@@ -21,7 +21,7 @@ from typing import Any
 
 from pgcdc.lake.changes import image_columns, lake_image, quote_column
 from pgcdc.lake.delta import user_metadata
-from pgcdc.lake.schema_evolution import Defaults, Images, evolve
+from pgcdc.lake.schema_evolution import Defaults, Images, conform, evolve
 from pgcdc.lake.tables import (
     CL_COMMIT_LSN,
     CL_COMMIT_LSN_TEXT,
@@ -101,12 +101,16 @@ def append_changelog(
         images=IMAGES,
     )
     stored = spark.read.format("delta").load(path).schema
-    # in the table's types and order (a dropped column's values are NULL from now on)
+    # in the table's types and order (a dropped column's values are NULL from now on, in old
+    # images too)
+    have = {f.name: f.dataType for f in rows.schema.fields}
     aligned = rows.select(
         *[
-            (F.col(quote_column(f.name)) if f.name in rows.columns else F.lit(None))
-            .cast(f.dataType)
-            .alias(f.name)
+            (
+                conform(F.col(quote_column(f.name)), have[f.name], f.dataType)
+                if f.name in have
+                else F.lit(None).cast(f.dataType)
+            ).alias(f.name)
             for f in stored.fields
         ]
     )

@@ -43,7 +43,6 @@ __all__ = [
     "TableOverview",
     "Truncate",
     "batch_overview",
-    "event_keys",
     "expressions",
     "image_columns",
     "lake_image",
@@ -135,9 +134,6 @@ class TableOverview:
     unchanged_columns: frozenset[str] = field(default_factory=frozenset)
     # updates with an old image and unchanged TOAST values (key changes among them)
     old_with_unchanged: int = 0
-    #: estimated size of the new images (text and binary values at their length, others at
-    #: 8 bytes, nested values as JSON): what the table's rows weigh in memory
-    image_bytes: int = 0
 
     @property
     def changes(self) -> int:
@@ -193,7 +189,6 @@ def batch_overview(df: Any, table_columns: dict[str, str]) -> BatchOverview:
             max_lsn=row["hi"],
             unchanged_columns=frozenset(row["c"] or ()),
             old_with_unchanged=int(row["ou"]),
-            image_bytes=int(row["b"] or 0),
         )
     return BatchOverview(tables)
 
@@ -221,12 +216,6 @@ def _overview_aggregates(df: Any, known: Sequence[str]) -> list[Any]:
         if known
         else F.lit(None)
     )
-    sizes = []
-    for c in known:
-        image_size = _image_bytes(df, c)
-        if image_size is not None:
-            sizes.append(F.when(F.col(quote_column(c)).isNotNull(), image_size))
-    size = F.coalesce(*sizes, F.lit(0)) if sizes else F.lit(0)
     op = F.col("_op")
     # only the rows that have unchanged values: collect_list skips the nulls
     unchanged_lists = F.collect_list(F.when(F.size(unchanged) > 0, unchanged))
@@ -235,7 +224,6 @@ def _overview_aggregates(df: Any, known: Sequence[str]) -> list[Any]:
         F.sum(F.when(op == "U", 1).otherwise(0)).alias("u"),
         F.sum(F.when(op == "D", 1).otherwise(0)).alias("d"),
         F.sum(F.when((op == "U") & old_unchanged.isNotNull(), 1).otherwise(0)).alias("ou"),
-        F.sum(size.cast("long")).alias("b"),
         F.min("_commit_lsn").alias("lo"),
         F.max("_commit_lsn").alias("hi"),
         F.collect_list(
@@ -243,30 +231,6 @@ def _overview_aggregates(df: Any, known: Sequence[str]) -> list[Any]:
         ).alias("t"),
         F.array_distinct(F.flatten(unchanged_lists)).alias("c"),
     ]
-
-
-def _image_bytes(df: Any, column: str) -> Any | None:
-    """An estimate of the size of a row's new image in struct ``column`` (a Spark column)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    struct = df.schema[column].dataType
-    if not isinstance(struct, T.StructType) or "new" not in struct.fieldNames():
-        return None
-    image = struct["new"].dataType
-    if not isinstance(image, T.StructType):
-        return None
-    new = F.col(quote_column(column)).getField("new")
-    total: Any = F.lit(0)
-    for f in image.fields:
-        value = new.getField(f.name)
-        if isinstance(f.dataType, (T.StringType, T.BinaryType)):
-            total = total + F.coalesce(F.octet_length(value), F.lit(0))
-        elif isinstance(f.dataType, (T.ArrayType, T.MapType, T.StructType)):
-            total = total + F.coalesce(F.octet_length(F.to_json(value)), F.lit(0))
-        else:
-            total = total + F.lit(8)
-    return total
 
 
 def lake_type(dtype: Any) -> Any:
@@ -303,14 +267,6 @@ def lake_image(image: Any, dtype: Any) -> Any:
     """An image column cast to ``lake_type`` where Delta needs it."""
     target = lake_type(dtype)
     return image if target == dtype else image.cast(target)
-
-
-def event_keys(events: Any, table: LakeTable) -> Any:
-    """The key columns of ``events`` (``table_events``' rows), named as the table's: a Spark
-    DataFrame with a row per event."""
-    from pyspark.sql import functions as F
-
-    return events.select(*[F.col(EV_KEY).getField(k).alias(k) for k in table.keys])
 
 
 def table_events(df: Any, table: LakeTable, column: str, columns: Sequence[str]) -> Any:

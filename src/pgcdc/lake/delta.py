@@ -85,6 +85,9 @@ DEFAULTS = {
     # join are pinned when the MERGE is planned: the copy would only cost a job and the rows
     "spark.databricks.delta.merge.materializeSource": "none",
     "spark.databricks.delta.merge.failSourceCachedAfterMaterialization": "false",
+    # Spark writes timestamps as INT96 by default, which readers outside Spark (delta-rs,
+    # pyarrow) read as nanoseconds: outside 1677-2262 they overflow. PostgreSQL's range is wider
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     # vacuum's retention is [lake] vacuum_retention_hours, which may be under Delta's 168 h
     "spark.databricks.delta.retentionDurationCheck.enabled": "false",
 }

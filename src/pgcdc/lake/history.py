@@ -252,6 +252,8 @@ def merge_history(
         stored = spark.read.format("delta").load(mirror) if is_delta_table(spark, mirror) else None
         rows = fill_from_stored(rows, stored, keys, columns, foreign_only=False)
     rows = rows.drop(*[c for c in rows.columns if c.startswith((KEEP_PREFIX, ROOT_PREFIX))])
+    # computed once: the MERGE reads its source in each of its passes
+    rows = rows.localCheckpoint(eager=True)
 
     def src(name: str) -> Any:
         return F.col(f"{SRC}.{quote_column(name)}")

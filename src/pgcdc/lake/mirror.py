@@ -43,7 +43,7 @@ from pgcdc.lake.changes import (
     quote_column,
     value_column,
 )
-from pgcdc.lake.delta import cache_level, tagged
+from pgcdc.lake.delta import tagged
 from pgcdc.lake.schema_evolution import Defaults, evolve
 from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME, LakeTable
 from pgcdc.lake.toast import ROOT_PREFIX, fill_from_stored, keep_flag, root_column
@@ -217,22 +217,19 @@ def merge_mirror(
     stored = spark.read.format("delta").load(path)
     rows = fill_from_stored(rows, stored, keys, columns, foreign_only=True)
     rows = rows.drop(*[c for c in rows.columns if c.startswith(ROOT_PREFIX)])
-    # read twice (the summary, then the MERGE): the per-key reduction runs once
-    rows = rows.persist(cache_level())
-    try:
-        return _merge(
-            spark,
-            path,
-            rows,
-            keys=keys,
-            columns=columns,
-            truncated=truncated,
-            app_id=app_id,
-            version=version,
-            metadata=metadata,
-        )
-    finally:
-        rows.unpersist()
+    # computed once: the summary and each pass of the MERGE read it
+    rows = rows.localCheckpoint(eager=True)
+    return _merge(
+        spark,
+        path,
+        rows,
+        keys=keys,
+        columns=columns,
+        truncated=truncated,
+        app_id=app_id,
+        version=version,
+        metadata=metadata,
+    )
 
 
 def _merge(

@@ -43,7 +43,9 @@ __all__ = [
     "Images",
     "SchemaChange",
     "SchemaEvolutionError",
+    "conform",
     "evolve",
+    "grows",
     "plain_type",
     "plan_change",
 ]
@@ -69,23 +71,70 @@ def plain_type(dtype: Any) -> Any:
     return dtype
 
 
+def grows(current: Any, wanted: Any) -> bool:
+    """Whether ``wanted`` is ``current`` with fields added to (nested) structs only: what
+    Delta adds to a table's schema without rewriting it."""
+    from pyspark.sql import types as T
+
+    if isinstance(current, T.StructType) and isinstance(wanted, T.StructType):
+        have = {f.name: f.dataType for f in wanted.fields}
+        return all(f.name in have and grows(f.dataType, have[f.name]) for f in current.fields)
+    if isinstance(current, T.ArrayType) and isinstance(wanted, T.ArrayType):
+        return grows(current.elementType, wanted.elementType)
+    if isinstance(current, T.MapType) and isinstance(wanted, T.MapType):
+        return grows(current.keyType, wanted.keyType) and grows(current.valueType, wanted.valueType)
+    return bool(plain_type(current) == plain_type(wanted))
+
+
+def conform(column: Any, current: Any, wanted: Any) -> Any:
+    """``column`` (of Spark type ``current``) as type ``wanted``: struct fields matched by
+    name (a field ``current`` lacks is NULL, one ``wanted`` lacks is left out), everything
+    else cast."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if plain_type(current) == plain_type(wanted):
+        return column
+    if isinstance(current, T.StructType) and isinstance(wanted, T.StructType):
+        have = {f.name: f.dataType for f in current.fields}
+        fields = [
+            (
+                conform(column.getField(f.name), have[f.name], f.dataType)
+                if f.name in have
+                else F.lit(None).cast(f.dataType)
+            ).alias(f.name)
+            for f in wanted.fields
+        ]
+        return F.when(column.isNotNull(), F.struct(*fields))
+    if isinstance(current, T.ArrayType) and isinstance(wanted, T.ArrayType):
+        return F.transform(
+            column, lambda element: conform(element, current.elementType, wanted.elementType)
+        )
+    return column.cast(wanted)
+
+
 class SchemaChange:
     """The difference between a Delta table's schema and the wanted one."""
 
-    __slots__ = ("added", "changed", "dropped")
+    __slots__ = ("added", "changed", "dropped", "grown")
 
-    def __init__(self, added: list[Any], changed: list[Any], dropped: list[str]) -> None:
+    def __init__(
+        self, added: list[Any], changed: list[Any], dropped: list[str], grown: list[Any]
+    ) -> None:
         self.added = added  # StructFields
         self.changed = changed  # StructFields, in their new type
         self.dropped = dropped
+        self.grown = grown  # StructFields whose structs gained fields, in their new type
 
     def __bool__(self) -> bool:
-        return bool(self.added or self.changed or self.dropped)
+        return bool(self.added or self.changed or self.dropped or self.grown)
 
     def describe(self) -> str:
         parts = []
         if self.added:
             parts.append("added " + ", ".join(f.name for f in self.added))
+        if self.grown:
+            parts.append("added fields to " + ", ".join(f.name for f in self.grown))
         if self.changed:
             parts.append(
                 "retyped "
@@ -101,11 +150,11 @@ def plan_change(current: Any, wanted: Any, *, drop_missing: bool) -> SchemaChang
     have = {f.name: plain_type(f.dataType) for f in current.fields}
     names = {f.name for f in wanted.fields}
     added = [f for f in wanted.fields if f.name not in have]
-    changed = [
-        f for f in wanted.fields if f.name in have and have[f.name] != plain_type(f.dataType)
-    ]
+    differ = [f for f in wanted.fields if f.name in have and have[f.name] != plain_type(f.dataType)]
+    grown = [f for f in differ if grows(have[f.name], f.dataType)]
+    changed = [f for f in differ if f not in grown]
     dropped = [f.name for f in current.fields if f.name not in names] if drop_missing else []
-    return SchemaChange(added, changed, dropped)
+    return SchemaChange(added, changed, dropped, grown)
 
 
 #: Resolves the values existing rows have in added columns (PostgreSQL's "fast default",
@@ -158,9 +207,14 @@ def evolve(
     if change.changed or change.dropped or fill:
         _rewrite(spark, path, current, wanted, change, what=what, fill=fill, images=images)
     else:
-        # an empty append whose schema has the new columns: Delta adds them (metadata only)
+        # an empty append whose schema has the new columns and struct fields: Delta adds them
+        # (metadata only)
+        grown = {f.name: f.dataType for f in change.grown}
         schema = T.StructType(
-            [*current.fields, *[T.StructField(f.name, f.dataType, True) for f in change.added]]
+            [
+                *[T.StructField(f.name, grown.get(f.name, f.dataType), True) for f in current],
+                *[T.StructField(f.name, f.dataType, True) for f in change.added],
+            ]
         )
         (
             spark.createDataFrame([], schema)
@@ -199,9 +253,7 @@ def _rewrite(
     columns = []
     for name, dtype in [*wanted_types.items(), *[(f.name, f.dataType) for f in kept]]:
         if name in current.fieldNames():
-            column = F.col(quote_column(name))
-            if plain_type(current[name].dataType) != plain_type(dtype):
-                column = column.cast(dtype)
+            column = conform(F.col(quote_column(name)), current[name].dataType, dtype)
         elif name in fill:
             column = F.col(quote_column(_fill_name(name)))
             if where is not None:
