@@ -13,10 +13,11 @@ from pgcdc.replication import (
     ReconnectGaveUpError,
     ReconnectPolicy,
     ReplicationSession,
+    SlotNotFoundError,
     StreamOptions,
 )
 from pgcdc.replication.reconnect import Backoff
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, drop_slots
 from tests.replication.streams import FAST, read, setup_table, slot_row
 
 QUICK = ReconnectPolicy(initial_delay=0.05, max_delay=0.5, max_attempts=40, deadline=30)
@@ -154,3 +155,26 @@ def test_temporary_slot_cannot_resume(pg: PgDatabase) -> None:
         with pytest.raises(ConnectionLostError, match="temporary slot 'tmp_slot'"):
             read(session, lambda r: False)
     assert pg.execute("SELECT count(*) FROM pg_replication_slots")[0][0] == 0
+
+
+def test_slot_dropped_under_the_session(pg: PgDatabase) -> None:
+    """A slot dropped while the session streamed (``pgcdc drop --force``): the reconnect finds
+    it gone and says so, with the position the consumer had confirmed, and does not advise
+    creating it again (a new slot would skip what was not confirmed)."""
+    setup_table(pg)
+    session = ReplicationSession(pg.dsn(), "s", StreamOptions(("pub",)), reconnect=QUICK, **FAST)
+    with session:
+        _insert(pg, range(0, 3))
+        got = read(session, lambda r: len(r.commits) >= 3)
+        confirmed = got.commits[0].end_lsn
+        session.confirm(confirmed)
+        session.request_status()
+        read(session, lambda r: slot_row(pg)["confirmed_flush_lsn"] >= confirmed, reading=got)
+        with pg.connect() as conn:
+            drop_slots(conn, pg.dbname)  # terminates the walsender first, as --force does
+        with pytest.raises(SlotNotFoundError) as err:
+            read(session, lambda r: False, reading=got)
+    message = str(err.value)
+    assert "replication slot 's' was dropped" in message and "while this session" in message
+    assert f"confirmed up to {confirmed}" in message, message
+    assert "create" not in message.split("Fix:")[1], message

@@ -725,9 +725,25 @@ class Pipeline:
                 )
                 continue
             self.metrics.record_error("stream")
+            lost = self._slot_lost()
+            if lost is not None:
+                # the slot went (pgcdc drop --force, pg_drop_replication_slot) or was
+                # invalidated under the stream: the pipeline's fix, not the source's
+                raise PipelineError(lost) from error
             raise PipelineError(
                 f"the stream failed: {scrub_secrets(_first_line(error))}{_spark_hint(error)}"
             ) from error
+
+    def _slot_lost(self) -> str | None:
+        """After a failed stream: the slot monitor's message when the slot is gone or
+        invalidated (or the publication dropped), checked now, else None."""
+        monitor = self.monitor
+        if monitor is not None and self._fatal is None:
+            try:
+                monitor.check()
+            except Exception as exc:  # the source unreachable: the stream's error stands
+                log.debug("slot check after the stream failed: %s", scrub_secrets(str(exc)))
+        return self._fatal
 
 
 _OUT_OF_MEMORY = ("OutOfMemoryError", "Java heap space", "GC overhead limit exceeded")

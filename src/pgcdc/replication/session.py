@@ -19,7 +19,8 @@ After a dropped connection or a server restart the session reconnects with expon
 before anything else. The server then resends every transaction that commits after that
 position, including ones already delivered but not yet confirmed: the session does not
 deduplicate, its consumer skips them by commit LSN. When the policy is exhausted it raises
-``ReconnectGaveUpError`` naming the server and the last cause.
+``ReconnectGaveUpError`` naming the server and the last cause; a slot dropped while the session
+streamed (``pgcdc drop --force``) ends it with a ``SlotNotFoundError`` saying so.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pgcdc.replication.errors import (
     ReplicationError,
     ServerUnreachableError,
     SlotActiveError,
+    SlotNotFoundError,
     describe_server,
     dsn_user,
 )
@@ -428,6 +430,9 @@ class ReplicationSession:
                 cause = retry.error
                 log.info("reconnect attempt %d failed: %s", backoff.attempts, retry.error.cause)
                 continue
+            except SlotNotFoundError as exc:
+                self._closed = True
+                raise self._slot_dropped(exc) from None
             except BaseException:
                 self._closed = True  # not worth retrying (a missing slot, a lost privilege...)
                 raise
@@ -442,6 +447,19 @@ class ReplicationSession:
                 self.reconnects,
             )
             return
+
+    def _slot_dropped(self, exc: SlotNotFoundError) -> SlotNotFoundError:
+        """The error for a slot dropped while this session streamed from it: creating it again
+        (the fix for a slot that never existed) would resume at the server's current position,
+        silently skipping what this session had not confirmed."""
+        resume = self._resume_lsn()
+        return SlotNotFoundError(
+            f"replication slot {self.slot!r} was dropped on {self.server} while this session "
+            f"streamed from it (confirmed up to {resume})",
+            f"the changes after {resume} cannot be streamed any more; a new slot would start "
+            "at the server's current position, so whatever this stream feeds must start over "
+            "from a new copy of the data",
+        )
 
     def _preflight(self, *, first: bool) -> Lsn | None:
         """Check the slot and publications with ordinary SQL; the slot's confirmed position."""
