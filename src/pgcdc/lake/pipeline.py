@@ -40,6 +40,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -168,11 +169,14 @@ class Pipeline:
         fail_after_commits: int | None = None,
         observer: Observer | None = None,
         metrics: PipelineMetrics | None = None,
+        on_spark: Callable[[Any], None] | None = None,
     ) -> None:
         """``spark``: a session to use (default: one from ``[spark]``);
         ``fail_after_commits``: fault injection for tests (each batch fails after this many
         Delta commits); ``observer``: told about progress (progress displays);
-        ``metrics``: where to record (default: a new ``PipelineMetrics`` for the slot)."""
+        ``metrics``: where to record (default: a new ``PipelineMetrics`` for the slot);
+        ``on_spark``: called with the session once this pipeline started it (pyspark installs
+        its own SIGINT handler then, which a command line may want to replace again)."""
         self.config = config
         self.observer: Observer = observer if observer is not None else RunObserver()
         self.metrics = metrics if metrics is not None else PipelineMetrics(config.source.slot)
@@ -183,6 +187,7 @@ class Pipeline:
         self._fail_after = fail_after_commits
         self.layout = LakeLayout(config.lake.path)
         self._spark = spark
+        self._on_spark = on_spark
         self._query: Any | None = None
         self._stop = threading.Event()
         self.state: PipelineState | None = None
@@ -209,6 +214,8 @@ class Pipeline:
                     f"Spark did not start ({scrub_secrets(_spark_reason(exc))}): check [spark] "
                     "master and [spark.conf] (and that Java 17 is installed)"
                 ) from exc
+            if self._on_spark is not None:
+                self._on_spark(self._spark)
         return self._spark
 
     def commit_bytes(self) -> int:
@@ -658,6 +665,10 @@ class Pipeline:
             options["maxChangesPerTrigger"] = stream.max_changes_per_trigger
         if stream.max_bytes_per_trigger is not None:
             options["maxBytesPerTrigger"] = stream.max_bytes_per_trigger
+        # created on stop: the source then plans no more batches, so that the query stops
+        # between two even when batches follow each other at once (a busy source)
+        pause = self.layout.state_dir / f"pause-{uuid.uuid4().hex}"
+        options["pauseFile"] = str(pause)
         restarts = 0
         while not self._stop.is_set():
             spark = self.spark()
@@ -699,7 +710,11 @@ class Pipeline:
                         query.stop()
                         break
                     if self._stop.is_set():
-                        _stop_between_batches(query)
+                        pause.touch()
+                        try:
+                            _stop_between_batches(query)
+                        finally:
+                            pause.unlink(missing_ok=True)
                         break
                 if self._fatal is not None:
                     return
@@ -774,7 +789,8 @@ def _spark_hint(error: BaseException) -> str:
 
 
 def _stop_between_batches(query: Any, timeout: float = 300.0) -> None:
-    """Stop a query when no batch is running (stopping mid-batch interrupts its commits)."""
+    """Stop a query when no batch is running (stopping mid-batch interrupts its commits); its
+    source's pause file exists, so no trigger plans a new batch meanwhile."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -783,7 +799,7 @@ def _stop_between_batches(query: Any, timeout: float = 300.0) -> None:
             break
         if not active:
             break
-        time.sleep(0.2)
+        time.sleep(0.05)
     query.stop()
 
 
