@@ -115,8 +115,11 @@ def test_wrong_row_filters(pg: PgDatabase) -> None:
     found = errors(pg, [{"name": "t2", "row_filter": "e = 99"}])
     assert "not part of the replica identity" in found["tables[0].row_filter"]
     assert "public.t2" in found["tables[0].row_filter"]
-    found = errors(pg, [{"name": "t3", "row_filter": "g = = 1"}])
+    found = errors(pg, [{"name": "t3", "row_filter": "g = = 1"}])  # refused by the parser
+    assert 'syntax error at or near "="' in found["tables[0].row_filter"]
+    found = errors(pg, [{"name": "t3", "row_filter": "nosuch > 1"}])  # by the server
     assert "PostgreSQL refuses the filter for public.t3" in found["tables[0].row_filter"]
+    assert 'column "nosuch" does not exist' in found["tables[0].row_filter"]
     found = errors(pg, [{"name": "t3", "row_filter": "random() > 0.5"}])
     assert "tables[0].row_filter" in found
     found = errors(pg, [])

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import pytest
 
+from pgcdc.filters import RowFilter
 from pgcdc.protocol import Delete, Insert, Relation, Update
 from pgcdc.replication import (
     PublicationExistsError,
     PublicationNotFoundError,
     PublicationTable,
+    ReplicationError,
     ReplicationSession,
+    RowFilterSQL,
     StreamOptions,
+    check_publication_name,
     create_publication,
     create_slot,
     drop_publication,
@@ -39,7 +43,12 @@ def test_tables_with_row_filter_and_column_list(pg: PgDatabase) -> None:
         pg.dsn(),
         PUB,
         tables=[
-            PublicationTable(TABLE, schema=SCHEMA, where='"Größe" > 10', columns=("id", "Größe")),
+            PublicationTable(
+                TABLE,
+                schema=SCHEMA,
+                where=RowFilter.parse('"Größe" > 10').sql(),
+                columns=("id", "Größe"),
+            ),
             "plain",
         ],
     )
@@ -150,3 +159,51 @@ def test_create_errors_and_drop(pg: PgDatabase) -> None:
     assert drop_publication(pg.dsn(), "p", missing_ok=True) is False
     with pytest.raises(PublicationNotFoundError, match="'p' does not exist"):
         drop_publication(pg.dsn(), "p")
+
+
+def test_a_row_filter_is_never_text() -> None:
+    """Only a RowFilterSQL (pgcdc.filters' rendering of its parse tree) is accepted: a caller
+    cannot hand raw text to CREATE PUBLICATION, even by mistake."""
+    with pytest.raises(TypeError, match=r"must be a RowFilterSQL rendered by pgcdc\.filters"):
+        PublicationTable("t", where="id = 1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not RowFilter"):
+        PublicationTable("t", where=RowFilter.parse("id = 1"))  # type: ignore[arg-type]
+    assert PublicationTable("t", where=RowFilter.parse("id = 1").sql()).where == RowFilterSQL(
+        '("id" = 1)'
+    )
+
+
+def _catalog(pg: PgDatabase) -> list[tuple[object, ...]]:
+    return pg.execute(
+        "SELECT 'class', relname::text FROM pg_class "
+        "UNION ALL SELECT 'pub', pubname::text FROM pg_publication "
+        "UNION ALL SELECT 'rel', prrelid::regclass::text FROM pg_publication_rel ORDER BY 1, 2"
+    )
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        "id = 1); CREATE TABLE public.pwned (x int); --",
+        "id = 1); COMMIT; CREATE TABLE public.pwned (x int); --",
+        "id = 1); DROP TABLE t; --",
+    ],
+)
+def test_one_statement_even_for_forged_sql(pg: PgDatabase, forged: str) -> None:
+    """The second line of defence: were text ever to get into a RowFilterSQL (here forged by
+    hand, which pgcdc's own code never does), the extended protocol runs one statement at most:
+    the server refuses the whole string and nothing else happens."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    before = _catalog(pg)
+    spec = PublicationTable("t", where=RowFilterSQL(forged))
+    with pytest.raises(ReplicationError, match="cannot insert multiple commands"):
+        create_publication(pg.dsn(), "p", tables=[spec])
+    assert _catalog(pg) == before
+    assert publication_info(pg.dsn(), "p") is None
+
+
+def test_publication_names_follow_the_slot_names_rule() -> None:
+    assert check_publication_name("pgcdc_shop_2") == "pgcdc_shop_2"
+    for bad in ("", "Shop", "a-b", "a b", 'a"b', "a;b", "x" * 64, "ü"):
+        with pytest.raises(ValueError, match="invalid publication name"):
+            check_publication_name(bad)

@@ -74,6 +74,9 @@ def _downcase(name: str) -> str:
 def tokenize(text: str) -> list[Token]:
     """The tokens of ``text``, ending with an ``eof`` token."""
     tokens: list[Token] = []
+    zero = text.find("\x00")
+    if zero >= 0:  # the server reads SQL as a C string: a NUL would end it there
+        raise _syntax("invalid byte sequence: a row filter cannot contain a zero byte", zero)
     i = 0
     n = len(text)
     while True:

@@ -5,7 +5,9 @@ bound to one relation, ready to test pgoutput tuples).
 Relation message (columns, types, replica identity) the way the server analyses a publication
 WHERE clause, then folds constants as the server does when it prepares the filter;
 ``BoundFilter.matches(values)`` converts the referenced column values of a pgoutput tuple
-(text or binary) and evaluates. ``to_sql()`` prints SQL the server accepts for the same filter.
+(text or binary) and evaluates. ``to_sql()`` prints SQL the server accepts for the same filter;
+``sql()`` gives it as the ``RowFilterSQL`` that the layers writing SQL take (never the text as
+written).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from pgcdc.filters.errors import FilterEvaluationError, RowFilterError
 from pgcdc.filters.evaluate import Evaluator
 from pgcdc.filters.fold import fold
 from pgcdc.filters.parser import parse_expression
-from pgcdc.filters.sql import to_sql
+from pgcdc.filters.sql import render, to_sql
 from pgcdc.filters.validate import prepare
+from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.protocol.messages import Relation, TupleValue, UnchangedToast
 from pgcdc.protocol.values import ConversionError, TypeRegistry
 
@@ -69,8 +72,33 @@ class RowFilter:
         return BoundFilter((self,), relation, prepared, fold(prepared), registry)
 
     def to_sql(self) -> str:
-        """SQL for ``CREATE PUBLICATION ... WHERE (<this>)`` or a query's WHERE."""
-        return to_sql(self.expression)
+        """SQL for ``CREATE PUBLICATION ... WHERE (<this>)`` or a query's WHERE, printed from
+        the parse tree; RowFilterError for what cannot be printed from it (sub-SELECTs)."""
+        try:
+            return to_sql(self.expression)
+        except RowFilterError as exc:
+            raise exc.with_expression(self.text) from None
+
+    def sql(self) -> RowFilterSQL:
+        """``to_sql()`` as a ``RowFilterSQL``, what CREATE PUBLICATION and queries take."""
+        try:
+            return render(self.expression)
+        except RowFilterError as exc:
+            raise exc.with_expression(self.text) from None
+
+    @staticmethod
+    def any_of_sql(filters: Sequence[RowFilter]) -> RowFilterSQL:
+        """The OR of ``filters`` as one ``RowFilterSQL`` (several publications' filters),
+        printed from one OR node over their trees."""
+        if not filters:
+            raise ValueError("any_of_sql needs at least one filter")
+        if len(filters) == 1:
+            return filters[0].sql()
+        either = ast.BoolOp("or", tuple(f.expression for f in filters), -1)
+        try:
+            return render(either)
+        except RowFilterError as exc:
+            raise exc.with_expression(" OR ".join(f"({f.text})" for f in filters)) from None
 
     def __str__(self) -> str:
         return self.text

@@ -6,14 +6,28 @@ as names) are always double-quoted, functions are qualified with pg_catalog so a
 the same name earlier in search_path cannot stand in, strings are quoted as quote_literal does,
 and negative numbers keep their sign attached (``(-5)``) so the server folds them into the
 literal just as the parser here did.
+
+Nothing is printed that was not parsed: a sub-SELECT (kept as unparsed text by the parser) and
+aggregate or window syntax (which the tree does not keep) are refused with PostgreSQL's error,
+so the output is exactly one expression built from the tree. ``render`` wraps it as the
+``RowFilterSQL`` that the layers writing SQL accept.
 """
 
 from __future__ import annotations
 
 from pgcdc.filters import ast
+from pgcdc.filters.errors import InvalidFilterError
+from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.protocol.identifiers import quote_literal
 
-__all__ = ["to_sql", "type_sql"]
+__all__ = ["render", "to_sql", "type_sql"]
+
+# PostgreSQL's answer to a sub-SELECT in a publication WHERE clause
+_INVALID = "invalid publication WHERE expression"
+_ONLY = (
+    "Only columns, constants, built-in operators, built-in data types, built-in collations, "
+    "and immutable built-in functions are allowed."
+)
 
 
 def _ident(name: str) -> str:
@@ -42,8 +56,15 @@ def _func_name(names: tuple[str, ...]) -> str:
 
 
 def to_sql(node: ast.Expr) -> str:
-    """The SQL text of an unbound expression."""
+    """The SQL text of an unbound expression; InvalidFilterError for what cannot be printed
+    from the tree (sub-SELECTs, aggregate and window clauses)."""
     return _Printer().print(node)
+
+
+def render(node: ast.Expr) -> RowFilterSQL:
+    """``to_sql(node)`` as the ``RowFilterSQL`` that CREATE PUBLICATION and the snapshot and
+    verification queries accept: the one place text becomes one."""
+    return RowFilterSQL(to_sql(node))
 
 
 class _Printer:
@@ -150,6 +171,14 @@ class _Printer:
         return node.kind.upper() + "(" + ", ".join(self.print(a) for a in node.args) + ")"
 
     def _FuncCall(self, node: ast.FuncCall) -> str:
+        if node.agg_clause is not None:
+            # the tree does not keep the clause: printing without it would change the filter
+            raise InvalidFilterError(
+                f"{node.agg_clause} is not allowed in a publication WHERE expression "
+                "(aggregate and window functions are not allowed in WHERE)",
+                sqlstate="42803",
+                position=node.pos + 1,
+            )
         if node.syntax == "extract" and len(node.args) == 2:
             field, arg = node.args
             return f"EXTRACT({self.print(field)} FROM {self.print(arg)})"
@@ -160,8 +189,5 @@ class _Printer:
         return node.name.upper()
 
     def _Subquery(self, node: ast.Subquery) -> str:
-        if node.kind == "exists":
-            return f"EXISTS {node.text}"
-        if node.kind == "in" and node.arg is not None:
-            return f"({self.print(node.arg)} {'NOT ' if node.negated else ''}IN {node.text})"
-        return node.text
+        # its text was skipped, not parsed: it never goes back to the server
+        raise InvalidFilterError(_INVALID, sqlstate="0A000", detail=_ONLY, position=node.pos + 1)

@@ -9,6 +9,13 @@ prints them. Row filters are also checked against the replica identity with
 ``pgcdc.filters`` (PostgreSQL only checks that when an UPDATE or DELETE runs, so a bad filter
 would make the source's own writes fail). Every problem is a ``ConfigError`` naming the key.
 
+``plan_source`` leaves nothing behind, whatever the configuration says: all of it runs in one
+transaction that is always rolled back (the dry runs are savepoints inside it), each filter
+reaches the server only as ``pgcdc.filters`` prints it back from its parse tree (one
+expression), and CREATE PUBLICATION goes through the extended protocol, which runs one
+statement. The filters the server prints for the publication are parsed and printed back the
+same way before any query uses them.
+
 ``ensure_publication`` then creates the publication for real (first start only).
 """
 
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,14 +32,17 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from pgcdc.filters import ReplicaIdentityError, RowFilter, RowFilterError
 from pgcdc.lake.config import ConfigError, PipelineConfig, TableSettings
 from pgcdc.lake.tables import LakeTable, reserved_column
 from pgcdc.protocol.messages import Column, Relation
 from pgcdc.replication import (
     PublicationInfo,
     PublicationTable,
+    PublishedTable,
     ReplicationError,
     ReplicationPermissionError,
+    RowFilterSQL,
     create_publication,
     publication_info,
 )
@@ -215,6 +226,7 @@ def _try_publication(
     via_root: bool,
 ) -> PublicationInfo:
     """Create the publication in a transaction that is rolled back; what it would publish."""
+    # a savepoint inside plan_source's transaction, itself always rolled back
     with _quiet("pgcdc.replication"), conn.transaction(force_rollback=True):
         create_publication(conn, name, tables=tables, via_partition_root=via_root)
         info = publication_info(conn, name)
@@ -232,23 +244,34 @@ def _check_filter(
     """Server-side and replica-identity checks of one table's row filter."""
     problems: list[tuple[str, str]] = []
     try:
-        _try_publication(conn, "pgcdc_filter_check", [spec], via_root)
+        _try_publication(conn, _dry_run_name(), [spec], via_root)
     except ReplicationError as exc:
         problems.append((key, f"PostgreSQL refuses the filter for {table.table_id}: {exc}"))
-        return problems
-    try:
-        from pgcdc.filters import ReplicaIdentityError, RowFilter, RowFilterError
-    except ImportError:  # pragma: no cover - the filters package is part of pgcdc
         return problems
     relation = table.relation()
     assert spec.where is not None
     try:
-        RowFilter.parse(spec.where).bind(relation, publishes_update_or_delete=True)
+        # the rendered SQL parses back to the same tree: bind what the server was given
+        RowFilter.parse(spec.where.text).bind(relation, publishes_update_or_delete=True)
     except ReplicaIdentityError as exc:
         problems.append((key, f"table {table.table_id}: {exc}"))
     except RowFilterError:
         pass  # the server evaluates the filter; client-side support does not matter here
     return problems
+
+
+def _dry_run_name() -> str:
+    """A publication name for a rolled-back dry run that no other publication has (one left by
+    an older pgcdc, or another --check running now, would otherwise fail it)."""
+    return f"pgcdc_check_{secrets.token_hex(8)}"
+
+
+def _published_filter(published: PublishedTable) -> RowFilterSQL | None:
+    """The row filter the server prints for a published table, parsed and printed back (the
+    form the snapshot and verification queries use); RowFilterError if pgcdc cannot parse it."""
+    if published.row_filter is None:
+        return None
+    return RowFilter.parse(published.row_filter).sql()
 
 
 def _settings_for(
@@ -349,8 +372,12 @@ def _select_problems(
 
 
 def plan_source(dsn: str, config: PipelineConfig) -> SourcePlan:
-    """Resolve the configuration against the source database; creates nothing."""
-    with connect_sql(dsn, connect_timeout=config.source.connect_timeout) as conn:
+    """Resolve the configuration against the source database; creates nothing (one
+    transaction, always rolled back)."""
+    with (
+        connect_sql(dsn, connect_timeout=config.source.connect_timeout) as conn,
+        conn.transaction(force_rollback=True),
+    ):
         return _plan(conn, config)
 
 
@@ -423,7 +450,7 @@ def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> Sourc
         wanted = (
             _try_publication(
                 conn,
-                name if existing is None else "pgcdc_config_check",
+                name if existing is None else _dry_run_name(),
                 specs,
                 config.source.via_partition_root,
             )
@@ -498,6 +525,18 @@ def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> Sourc
                     f"table {table.table_id} has column(s) {', '.join(clash)}, names pgcdc "
                     "reserves for its metadata columns (and the __pgcdc prefix): rename them or "
                     "leave the table out",
+                )
+            )
+            continue
+        try:
+            _published_filter(published)
+        except RowFilterError as exc:
+            problems.append(
+                (
+                    f"{key_name}.row_filter" if found else key_name,
+                    f"the row filter of {table.table_id} in publication {name!r} "
+                    f"({published.row_filter}) is outside what pgcdc parses, and pgcdc only "
+                    f"sends SQL it has parsed (the initial copy applies the filter): {exc}",
                 )
             )
             continue

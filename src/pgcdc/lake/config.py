@@ -2,19 +2,23 @@
 
 Every problem is reported as ``ConfigError`` naming the key (``source.slot``,
 ``tables[2].row_filter``) and what is wrong with it, before anything is created on the server or
-in the lake. Relative paths (``lake.path``) are relative to the configuration file's directory.
+in the lake. Row filters are parsed here (``pgcdc.filters``): a filter that is not exactly one
+SQL expression is refused before any connection, and only its parse tree, printed back, is ever
+sent to the server. Relative paths (``lake.path``) are relative to the configuration file's
+directory.
 
 Reference (defaults in brackets):
 
 ``[source]``
     ``dsn`` or ``dsn_env`` (one of them): the libpq connection string, or the name of an
     environment variable holding it; ``slot``: the pipeline's logical slot (created on the
-    first start); ``publication``: created on the first start with the ``[[tables]]`` and their
-    row filters, or an existing one (then ``[[tables]]`` must match it, or be empty to take it
-    as it is); ``via_partition_root`` [false]: publish partitions' changes as their root's;
-    ``connect_timeout`` [10] seconds; ``heartbeat_interval`` [60] seconds between heartbeats
-    (small WAL records in the source database, so the slot keeps advancing when nothing it
-    publishes changes; 0 turns them off); ``heartbeat`` ["message"]: ``"message"`` writes
+    first start); ``publication`` (lower-case letters, digits and ``_``, like the slot): created
+    on the first start with the ``[[tables]]`` and their row filters, or an existing one (then
+    ``[[tables]]`` must match it, or be empty to take it as it is); ``via_partition_root``
+    [false]: publish partitions' changes as their root's; ``connect_timeout`` [10] seconds;
+    ``heartbeat_interval`` [60] seconds between heartbeats (small WAL records in the source
+    database, so the slot keeps advancing when nothing it publishes changes; 0 turns them
+    off); ``heartbeat`` ["message"]: ``"message"`` writes
     ``pg_logical_emit_message(false, 'pgcdc_heartbeat', ...)`` (no table needed), ``"table"``
     updates the one-row table ``heartbeat_table`` ["public.pgcdc_heartbeat"] (created if
     missing; leave it out of the publication); ``retained_wal_warning`` ["1GB"]: bytes, or a
@@ -49,9 +53,11 @@ Reference (defaults in brackets):
     ``name``: ``schema.table`` (``public`` if unqualified; ``*`` and ``?`` match within a part;
     double-quote parts with dots or upper case); ``row_filter``: an SQL expression, or a list
     of them (OR-combined, as PostgreSQL combines several publications' filters), which may only
-    use replica identity columns; ``history`` / ``changelog``: override the ``[lake]``
-    defaults. A table matched by several entries takes the exact-name entry, else the patterns
-    must agree. A partition takes its root's entry when it has none of its own.
+    use replica identity columns (one expression each: no ``;``, no second statement; pgcdc
+    sends its own rendering of the parsed expression, never the text); ``history`` /
+    ``changelog``: override the ``[lake]`` defaults. A table matched by several entries takes
+    the exact-name entry, else the patterns must agree. A partition takes its root's entry when
+    it has none of its own.
 
 Example::
 
@@ -95,8 +101,10 @@ from pydantic import (
     model_validator,
 )
 
+from pgcdc.filters import RowFilter, RowFilterError
 from pgcdc.lake.maintenance import Maintenance
-from pgcdc.replication import scrub_secrets
+from pgcdc.protocol.filter_sql import RowFilterSQL
+from pgcdc.replication import check_publication_name, scrub_secrets
 
 __all__ = [
     "ConfigError",
@@ -278,9 +286,7 @@ class SourceSettings(_Model):
     @field_validator("publication")
     @classmethod
     def _publication(cls, value: str) -> str:
-        if not value or len(value.encode()) > 63:
-            raise ValueError("a publication name has 1 to 63 bytes")
-        return value
+        return check_publication_name(value)  # the slot names' rule; ValueError says why
 
     @model_validator(mode="after")
     def _one_dsn(self) -> SourceSettings:
@@ -484,9 +490,20 @@ class TableSettings(_Model):
     def _filters(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and not value:
             raise ValueError("an empty list: omit row_filter instead")
-        for text in [value] if isinstance(value, str) else value or []:
+        texts = [value] if isinstance(value, str) else value or []
+        for i, text in enumerate(texts):
             if not text.strip():
                 raise ValueError("an empty row filter: omit it instead")
+            # parsed and printed back now: what is not exactly one expression (a second
+            # statement, a comment hiding the rest, unbalanced parentheses) never gets further
+            try:
+                RowFilter.parse(text).sql()
+            except RowFilterError as exc:
+                which = f"filter {i} of the list" if isinstance(value, list) else "the filter"
+                lines = str(exc).splitlines()
+                raise ValueError(
+                    f"{which} is not one SQL expression pgcdc accepts: " + "\n    ".join(lines)
+                ) from None
         return value
 
     @property
@@ -514,14 +531,13 @@ class TableSettings(_Model):
             return (self.row_filter,)
         return tuple(self.row_filter)
 
-    def combined_filter(self) -> str | None:
-        """The filters as one SQL expression (OR of them), or None for every row."""
+    def combined_filter(self) -> RowFilterSQL | None:
+        """The filters as one SQL expression (OR of them) printed from their parse trees, or
+        None for every row."""
         filters = self.filters
         if not filters:
             return None
-        if len(filters) == 1:
-            return filters[0]
-        return " OR ".join(f"({f})" for f in filters)
+        return RowFilter.any_of_sql([RowFilter.parse(f) for f in filters])
 
 
 class PipelineConfig(_Model):

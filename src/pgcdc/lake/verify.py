@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from psycopg import sql
 
+from pgcdc.filters import RowFilter
 from pgcdc.lake.catalog import source_columns
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout, LakeTable
 from pgcdc.lake.writer import DeltaTarget
@@ -203,7 +204,9 @@ def source_rows(
         sql.Identifier(table.schema, table.name),
     )
     if table.row_filter:
-        query = sql.SQL("{} WHERE ({})").format(query, sql.SQL(table.row_filter))
+        # the server's printed filter, parsed and printed back (plan_source checked it parses)
+        where = RowFilter.parse(table.row_filter).sql()
+        query = sql.SQL("{} WHERE ({})").format(query, sql.SQL(where.text))
     with connect_sql(dsn) as conn, conn.cursor() as cur:
         cur.execute(query)
         return [_row_text(row) for row in cur] if exprs else ["" for _ in cur]

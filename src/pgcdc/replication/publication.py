@@ -6,12 +6,16 @@
 publication covers, with each table's effective columns and row filter.
 
 Every identifier goes through ``psycopg.sql.Identifier``, so names with quotes, spaces and any
-Unicode work. A row filter is an SQL expression and is passed through as written.
+Unicode work. A row filter is never text as written: it is a ``RowFilterSQL``, which only
+``pgcdc.filters`` makes, by printing its own parse tree back (one expression, identifiers quoted,
+constants as literals: ``RowFilter.parse(text).sql()``). The statement is sent with the extended
+query protocol, where the server refuses more than one statement whatever the text.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
@@ -19,6 +23,7 @@ from typing import Literal, TypeAlias
 import psycopg
 from psycopg import sql
 
+from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.replication.database import Connectable, raise_sql_error, server_name, sql_connection
 from pgcdc.replication.errors import (
     PublicationExistsError,
@@ -32,6 +37,8 @@ __all__ = [
     "PublicationTable",
     "PublishOperation",
     "PublishedTable",
+    "RowFilterSQL",
+    "check_publication_name",
     "create_publication",
     "drop_publication",
     "missing_publications",
@@ -43,6 +50,20 @@ log = logging.getLogger("pgcdc.replication")
 PublishOperation: TypeAlias = Literal["insert", "update", "delete", "truncate"]
 PUBLISH_ALL: frozenset[PublishOperation] = frozenset(("insert", "update", "delete", "truncate"))
 _PUBLISH_ORDER: tuple[PublishOperation, ...] = ("insert", "update", "delete", "truncate")
+_PUBLICATION_NAME = re.compile(r"[a-z0-9_]{1,63}")
+
+
+def check_publication_name(name: str) -> str:
+    """``name`` if it is a publication name a configuration may give, else ValueError saying
+    why: the rule of slot names (``check_slot_name``), so that the name reads the same bare,
+    quoted and in pgoutput's ``publication_names`` list. ``create_publication`` itself takes
+    any name (it always quotes)."""
+    if not isinstance(name, str) or not _PUBLICATION_NAME.fullmatch(name):
+        raise ValueError(
+            f"invalid publication name {name!r}: publication names are 1 to 63 characters, "
+            "lower-case letters, digits and underscores only"
+        )
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,14 +71,16 @@ class PublicationTable:
     """A table to publish.
 
     ``schema`` None leaves the name unqualified (resolved through ``search_path``). ``where`` is
-    a row filter, an SQL boolean expression over the table's columns (PostgreSQL 15+; for
-    UPDATE and DELETE it may only use replica identity columns). ``columns`` restricts the
-    published columns (PostgreSQL 15+; it must include the replica identity).
+    a row filter, a boolean expression over the table's columns as ``pgcdc.filters`` renders it
+    (``RowFilter.parse(text).sql()``; PostgreSQL 15+; for UPDATE and DELETE it may only use
+    replica identity columns); a ``str`` is refused, so raw text cannot reach the statement.
+    ``columns`` restricts the published columns (PostgreSQL 15+; it must include the replica
+    identity).
     """
 
     name: str
     schema: str | None = None
-    where: str | None = None
+    where: RowFilterSQL | None = None
     columns: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -72,8 +95,13 @@ class PublicationTable:
             object.__setattr__(self, "columns", tuple(self.columns))
             if not self.columns:
                 raise ValueError(f"empty column list for table {self.name!r}: omit it instead")
-        if self.where is not None and not self.where.strip():
-            raise ValueError(f"empty row filter for table {self.name!r}: omit it instead")
+        where: object = self.where
+        if where is not None and not isinstance(where, RowFilterSQL):
+            raise TypeError(
+                f"the row filter of table {self.name!r} must be a RowFilterSQL rendered by "
+                f"pgcdc.filters (RowFilter.parse(text).sql()), not {type(where).__name__}: "
+                "text is never pasted into CREATE PUBLICATION"
+            )
 
     def identifier(self) -> sql.Identifier:
         return (
@@ -89,7 +117,8 @@ class PublicationTable:
                 sql.SQL("({})").format(sql.SQL(", ").join(sql.Identifier(c) for c in self.columns))
             )
         if self.where is not None:
-            parts.append(sql.SQL("WHERE ({})").format(sql.SQL(self.where)))  # an SQL expression
+            # printed by pgcdc.filters from its parse tree (see RowFilterSQL), not text as given
+            parts.append(sql.SQL("WHERE ({})").format(sql.SQL(self.where.text)))
         return sql.SQL(" ").join(parts)
 
 
@@ -210,7 +239,9 @@ def create_publication(
         if with_options:
             query = sql.SQL("{} WITH ({})").format(query, sql.SQL(", ").join(with_options))
         try:
-            conn.execute(query)
+            # binary: the extended query protocol, in which the server runs exactly one
+            # statement (a second one is an error, not executed): a second line of defence
+            conn.execute(query, binary=True)
         except psycopg.errors.DuplicateObject:
             raise PublicationExistsError(
                 f"publication {name!r} already exists on {server_name(conn)}",

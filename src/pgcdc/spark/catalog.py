@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.protocol.values import TypeInfo, fetch_types
 from pgcdc.spark.errors import OptionError
 
@@ -60,7 +61,8 @@ class CatalogTable:
     name: str
     replica_identity: str  # relreplident: d, n, f, i
     columns: tuple[CatalogColumn, ...]
-    row_filter: str | None = None  # for the initial copy: the OR of the filters that apply
+    # for the initial copy: the OR of the filters that apply, as pgcdc.filters printed them
+    row_filter: RowFilterSQL | None = None
     pages: int = 0  # pg_relation_size / block size when loaded (snapshot planning)
     size_bytes: int = 0
 
@@ -169,15 +171,30 @@ def _check_server(conn: psycopg.Connection[Any]) -> tuple[int, str, int]:
     return version, conn.info.dbname, block_size
 
 
-def _or_filters(filters: Sequence[str | None]) -> str | None:
+def _or_filters(filters: Sequence[RowFilterSQL | None]) -> RowFilterSQL | None:
     """The initial-copy filter of a table published by several publications (tablesync.c):
     none at all if any publication publishes it unfiltered, else the OR of the filters."""
     if not filters or any(f is None for f in filters):
         return None
-    distinct = list(dict.fromkeys(f for f in filters if f is not None))
-    if len(distinct) == 1:
-        return distinct[0]
-    return " OR ".join(f"({f})" for f in distinct)
+    return RowFilterSQL.any_of([f for f in filters if f is not None])
+
+
+def _published_filter(table: str, text: str | None) -> RowFilterSQL | None:
+    """A publication's row filter as the server prints it, parsed and printed back by
+    ``pgcdc.filters``: the copy query never carries text that was not parsed."""
+    if text is None:
+        return None
+    from pgcdc.filters import RowFilter, RowFilterError  # on the driver only
+
+    try:
+        return RowFilter.parse(text).sql()
+    except RowFilterError as exc:
+        raise OptionError(
+            f"the publications' row filter of {table} ({text}) is outside what pgcdc parses, "
+            f"and the initial copy only sends SQL pgcdc has parsed: {exc}",
+            "publish the table with a filter of columns, constants, operators and built-in "
+            "functions (or without one), or read it with the 'tables' option",
+        ) from None
 
 
 def load_catalog(
@@ -185,7 +202,7 @@ def load_catalog(
     *,
     publications: Sequence[str] = (),
     tables: Sequence[tuple[str, str]] = (),
-    extra_filters: dict[tuple[str, str], list[str]] | None = None,
+    extra_filters: dict[tuple[str, str], list[RowFilterSQL]] | None = None,
     connect_timeout: float = 10.0,
 ) -> SourceCatalog:
     """The tables of ``publications`` (their published columns and combined row filters), or the
@@ -205,7 +222,7 @@ def load_catalog(
     conn = _connect(dsn, connect_timeout)
     try:
         version, database, block_size = _check_server(conn)
-        wanted: dict[tuple[str, str], tuple[set[str] | None, list[str | None]]] = {}
+        wanted: dict[tuple[str, str], tuple[set[str] | None, list[RowFilterSQL | None]]] = {}
         if publications:
             found = {
                 row[0]
@@ -232,7 +249,7 @@ def load_catalog(
                     wanted[(schema, name)] = (None, filters)
                 elif columns is not None:
                     columns.update(attnames)
-                filters.append(rowfilter)
+                filters.append(_published_filter(f"{schema}.{name}", rowfilter))
         for schema, name in tables:
             if (schema, name) not in wanted:
                 wanted[(schema, name)] = (None, [])

@@ -12,7 +12,8 @@ gap and no duplicate.
 
 Row filter: the OR of the filters of the publications that publish the table (none if one of
 them publishes it unfiltered, as the initial synchronisation of a subscription does), OR-ed
-with the ``rowFilter.<table>`` options.
+with the ``rowFilter.<table>`` options. Each one, the server's printed filters too, is parsed by
+``pgcdc.filters`` on the driver and only its printed-back parse tree goes into the query.
 
 Rows come out in the stream's schema: ``_op`` 'I', ``_commit_lsn`` and ``_end_lsn`` the
 consistent point, ``_position`` -1 (before any streamed change at the same LSN), ``_xid`` and
@@ -48,6 +49,7 @@ from pyspark.sql.types import StructType
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.encoder import Encoder
 from pgcdc.protocol.errors import CopyFormatError
+from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.protocol.messages import Column, Relation
 from pgcdc.protocol.values import TypeRegistry
 from pgcdc.replication import slot_info
@@ -101,14 +103,13 @@ def _partition_pages(partition: SnapshotPartition, pages: int) -> int:
     return max(stop - first, 0)
 
 
-def render_filter(text: str) -> str:
-    """A user's row filter, checked and printed by ``pgcdc.filters`` (when available)."""
+def render_filter(text: str) -> RowFilterSQL:
+    """A user's row filter, parsed and printed back by ``pgcdc.filters``: the copy query
+    carries that rendering, never the text."""
+    from pgcdc.filters import RowFilter, RowFilterError  # on the driver only
+
     try:
-        from pgcdc.filters import RowFilter, RowFilterError
-    except ImportError:  # pragma: no cover - the filters package is part of pgcdc
-        return text
-    try:
-        return RowFilter.parse(text).to_sql()
+        return RowFilter.parse(text).sql()
     except RowFilterError as exc:
         raise OptionError(
             f"row filter {text!r} is not a valid publication row filter: {exc}",
@@ -336,7 +337,8 @@ def copy_query(
             sql.SQL("ctid < {}::tid").format(sql.Literal(f"({partition.stop_page},0)"))
         )
     if table.row_filter is not None:
-        conditions.append(sql.SQL("({})").format(sql.SQL(table.row_filter)))
+        # a RowFilterSQL: printed by pgcdc.filters from its parse tree, not text as given
+        conditions.append(sql.SQL("({})").format(sql.SQL(table.row_filter.text)))
     where = (
         sql.SQL(" WHERE {}").format(sql.SQL(" AND ").join(conditions))
         if conditions

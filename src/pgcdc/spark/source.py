@@ -13,6 +13,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
+from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.spark.catalog import SourceCatalog, load_catalog
 from pgcdc.spark.diagnostics import worker_logging
 from pgcdc.spark.errors import OptionError
@@ -40,7 +41,7 @@ def load_source_catalog(options: Any) -> SourceCatalog:
         )
     tables_text = _get(options, "tables")
     publications_text = _get(options, "publications")
-    extra: dict[tuple[str, str], list[str]] = {}
+    extra: dict[tuple[str, str], list[RowFilterSQL]] = {}
     if publications_text or tables_text:
         # row filters only matter for the snapshot; resolve them against the tables read
         from pgcdc.spark.snapshot import render_filter
