@@ -160,3 +160,84 @@ def test_cuts_and_server_restart_lose_and_double_nothing(
     )
     report = check_lake(direct, audit_transactions(pg.dsn()))
     assert report.changes > writer.transactions
+
+
+def test_fast_shutdown_while_batches_are_pending_is_prompt(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """``pg_ctl restart -m fast`` while a continuous pipeline has received a backlog it is
+    still applying: the walsender waits for a flush confirmation of everything it sent, which
+    the pipeline cannot give before its batches are in the lake; the receiver closes the
+    replication connection instead, so the restart takes seconds (it took until the backlog
+    was applied, or until pg_ctl gave up after 60 s). The pipeline reconnects and the lake ends
+    equal to the source, every change once in the changelog (issue 24)."""
+    from pgcdc.lake.tables import LakeLayout
+    from pgcdc.lake.writer import DeltaTarget
+
+    pg.execute("CREATE TABLE items (id bigint PRIMARY KEY, v text, qty int)")
+    pg.execute("INSERT INTO items SELECT g, 'snap', 0 FROM generate_series(-50, -1) g")
+    config = parse_config(
+        {
+            "source": {"dsn": pg.dsn(), "slot": "shut_slot", "publication": "shut_pub"},
+            "lake": {"path": str(tmp_path / "lake"), "changelog": True},
+            "stream": {"trigger_interval": 0.5, "max_changes_per_trigger": 2000},
+            "tables": [{"name": "items"}],
+        }
+    )
+    pipeline = Pipeline(config, spark=spark)
+    failures: list[BaseException] = []
+    started = threading.Event()
+
+    def continuous() -> None:
+        try:
+            pipeline.run(on_started=lambda _p: started.set())
+        except BaseException as exc:
+            failures.append(exc)
+        started.set()
+
+    thread = threading.Thread(target=continuous, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(300) and not failures, failures
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            for t in range(40):  # 40 batches of one transaction each: a backlog of some 40 s
+                conn.execute(
+                    "INSERT INTO items SELECT g, repeat('b', 200), %s "
+                    "FROM generate_series(%s::bigint, %s::bigint) g",
+                    (t, t * 2000, t * 2000 + 1999),
+                )
+            end = conn.execute("SELECT pg_current_wal_lsn()").fetchone()
+        deadline = time.monotonic() + 120
+        while True:  # the receiver has it all; the lake has some of it (the first batch's
+            # schema changes, which read the source, are done), not most
+            sent = pg.execute(
+                "SELECT bool_or(sent_lsn >= %s) FROM pg_stat_replication", (end[0] if end else 0,)
+            )
+            progress = pipeline.progress
+            if sent == [(True,)] and progress is not None and progress.changes >= 2000:
+                break
+            assert time.monotonic() < deadline and not failures, failures
+            time.sleep(0.1)
+        assert progress is not None and progress.changes < 40 * 2000 // 2
+        started_at = time.monotonic()
+        pg.cluster.restart()
+        took = time.monotonic() - started_at
+        assert took < 20, f"pg_ctl restart took {took:.1f} s"
+
+        assert pipeline.plan is not None
+        deadline = time.monotonic() + 300
+        while True:
+            assert not failures, failures[0]
+            checks = compare_tables(pg.dsn(), pipeline.layout, pipeline.plan.tables)
+            if all(c.equal for c in checks):
+                break
+            assert time.monotonic() < deadline, [c.describe() for c in checks]
+            time.sleep(1)
+    finally:
+        pipeline.stop()
+        thread.join(300)
+    assert not failures, failures[0]
+    layout = LakeLayout(tmp_path / "lake")
+    changelog = DeltaTarget(layout.table_path("public", "items", "changelog"))
+    ids = changelog.read(columns=["id"]).column(0).to_pylist()
+    assert sorted(ids) == list(range(-50, 0)) + list(range(40 * 2000))  # each change once

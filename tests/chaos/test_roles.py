@@ -7,7 +7,8 @@ password (scram-sha-256):
   record (DEBUG), no output and no file of the lake;
 * a wrong password, a role without REPLICATION and a role without SELECT each stop ``run``
   before anything is created, with a message naming the cause and the fix and never the
-  password.
+  password; a role lacking both REPLICATION and CREATE (for a publication still to create)
+  is told of both.
 """
 
 from __future__ import annotations
@@ -95,10 +96,13 @@ def auth_server(pg_server: Cluster) -> Iterator[Cluster]:
         cluster.stop()
 
 
-def write_config(tmp_path: Path, cluster: Cluster, user: str, password: str) -> Path:
+def write_config(
+    tmp_path: Path, cluster: Cluster, user: str, password: str, publication: str = "lp_pub"
+) -> Path:
     path = tmp_path / "pipeline.toml"
     dsn = cluster.dsn("shopdb", user=user, password=password)
-    path.write_text(CONFIG.format(dsn=dsn.replace("\\", "\\\\").replace('"', '\\"')))
+    text = CONFIG.format(dsn=dsn.replace("\\", "\\\\").replace('"', '\\"'))
+    path.write_text(text.replace('publication = "lp_pub"', f'publication = "{publication}"'))
     return path
 
 
@@ -185,4 +189,25 @@ def test_refused_before_anything_is_created(
         assert word in out, out
     assert "shop.secret" not in out
     no_password_anywhere(out + caplog.text)
+    nothing_created(auth_server, tmp_path)
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
+def test_no_replication_and_no_create_names_both(
+    auth_server: Cluster,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    check: bool,
+) -> None:
+    """A role without REPLICATION (nor superuser) and without CREATE on the database, whose
+    publication does not exist yet: told both what it lacks, REPLICATION first, not only the
+    CREATE privilege the publication needs (issue 24)."""
+    config = write_config(tmp_path, auth_server, "norepl", PASSWORD, publication="lp_new")
+    code, out = run(config, capsys, "--check" if check else "--until-caught-up")
+    assert code == 2, out
+    out = " ".join(out.split())  # the console wraps long lines
+    assert "REPLICATION attribute" in out and 'ALTER ROLE "norepl" REPLICATION' in out, out
+    assert "permission denied for database shopdb" in out, out  # CREATE, for the publication
+    assert out.index("REPLICATION attribute") < out.index("permission denied"), out
+    no_password_anywhere(out)
     nothing_created(auth_server, tmp_path)

@@ -209,3 +209,26 @@ def test_maintenance_settings() -> None:
         vacuum_retention_hours=2,
         vacuum_interval=60.0,
     )
+
+
+@pytest.mark.parametrize("where", ["the file", "under the file"])
+@pytest.mark.parametrize("command", ["run", "status", "drop"])
+def test_lake_path_at_a_file_names_the_key_and_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, where: str
+) -> None:
+    """A lake.path that is (or lies under) a file fails as a configuration error, exit 2, in
+    every command that reads the lake, before any connection is tried."""
+    from pgcdc.cli import main
+
+    (tmp_path / "lake").write_text("not a folder\n")
+    path = "lake" if where == "the file" else "lake/inner"
+    config = tmp_path / "pipeline.toml"
+    config.write_text(GOOD.replace('path = "lake"', f'path = "{path}"'))
+    extra = {"run": ["--check"], "status": [], "drop": ["--yes"]}[command]
+    code = main([command, "--config", str(config), *extra])
+    out = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert code == 2, out
+    assert "lake.path:" in out and f"{tmp_path / 'lake'}" in out, out
+    assert "is a file, not a folder" in out, out
+    assert "point lake.path at a folder" in out, out
+    assert "state.json" not in out and "Not a directory" not in out, out

@@ -145,3 +145,45 @@ def test_drop_refuses_a_slot_in_use_without_force(
     finally:
         repl.close()
     assert slots(pg) == [] and publications(pg) == ["ops_pub"]  # no state: publication kept
+
+
+@pytest.mark.slow
+def test_drop_force_under_a_running_pipeline_names_the_pipeline_fix(
+    pg: PgDatabase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pgcdc drop --force`` while a continuous ``pgcdc run`` streams: the run stops (exit 1)
+    saying the slot is gone and to move the lake away and run again, not the replication
+    library's "create it first (pgcdc.replication.create_slot)", which would start a new slot
+    behind the lake's back (issue 24). The slot monitor checks only every 600 s here, so the
+    message must come from the stream's own failure."""
+    from tests.chaos.harness import kill_group, log_tail, start_run
+
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int)")
+    pg.execute("INSERT INTO items SELECT g, g FROM generate_series(1, 20) g")
+    config = write_config(
+        tmp_path,
+        pg.dsn(),
+        source="health_check_interval = 600",
+        extra="[stream]\ntrigger_interval = 0.5",
+    )
+    log = tmp_path / "run.log"
+    proc = start_run(config, log, until_caught_up=False)
+    try:
+        deadline = time.monotonic() + 240
+        while b"stream started" not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log_tail(log)
+            time.sleep(0.2)
+        pg.execute("INSERT INTO items VALUES (21, 21)")
+        while b"batch 0" not in log.read_bytes():  # streaming: a batch is in the lake
+            assert proc.poll() is None and time.monotonic() < deadline, log_tail(log)
+            time.sleep(0.2)
+        assert main(["drop", "--config", str(config), "--yes", "--force"]) == 0
+        assert "dropped replication slot ops_slot" in capsys.readouterr().err
+        code = proc.wait(180)
+    finally:
+        kill_group(proc)
+    text = " ".join(log.read_text(errors="replace").split())
+    assert code == 1, log_tail(log)
+    assert "slot 'ops_slot' is gone from the source" in text, log_tail(log)
+    assert f"move the lake {tmp_path / 'lake'} away and run again" in text, log_tail(log)
+    assert "create_slot" not in text, log_tail(log)

@@ -177,3 +177,78 @@ def test_status_after_runs_then_without_slot(
     out = capsys.readouterr()
     assert "slot 'ops_slot' is gone" in out.out and "move the lake" in out.out
     assert PASSWORD not in out.out + out.err
+
+
+@pytest.mark.slow
+def test_status_reports_a_failing_batch_until_one_is_applied(
+    pg: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A run failing on a batch (fault injection after the batch's first Delta commit): the
+    state records the batch, its LSN range and the error's class, kept through a second failed
+    run; ``status`` shows it and exits 1 while it stands; a run that applies the batch clears
+    it and ``status`` exits 0 again (issue 24)."""
+    from pgcdc.lake.config import load_config
+    from pgcdc.lake.pipeline import Pipeline, PipelineError
+    from pgcdc.lake.state import load_state
+
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int)")
+    pg.execute("INSERT INTO items SELECT g, g FROM generate_series(1, 20) g")
+    config = write_config(tmp_path, pg.dsn())
+    # three Delta tables: each failing run gets one commit further (a replay skips what is in)
+    text = config.read_text().replace('path = "lake"', 'path = "lake"\nhistory = true')
+    config.write_text(text.replace("history = true", "history = true\nchangelog = true"))
+    assert main(["run", "--config", str(config), "--until-caught-up"]) == 0
+    pg.execute("INSERT INTO items VALUES (21, 21)")
+    assert main(["run", "--config", str(config), "--until-caught-up"]) == 0
+    code, report = status_json(config, capsys)
+    assert code == 0 and report["stream"]["last_failure"] is None, report["problems"]
+    last = report["stream"]["last_batch"]
+    assert last is not None
+    applied = Lsn.parse(report["slot"]["confirmed_flush_lsn"])
+
+    pg.execute("UPDATE items SET qty = -qty WHERE id <= 5")
+    pg.execute("INSERT INTO items VALUES (22, 22)")
+    after = Lsn.parse(str(pg.execute("SELECT pg_current_wal_lsn()::text")[0][0]))
+    settings = load_config(config)
+    for _ in range(2):  # the batch fails every run (a bug in writing, say)
+        with pytest.raises(PipelineError, match="injected failure"):
+            Pipeline(settings, spark=spark, fail_after_commits=1).run(until_caught_up=True)
+    state = load_state(LakeLayout(tmp_path / "lake"))
+    assert state is not None and state.last_failure is not None
+    failure = state.last_failure
+    assert failure.batch == last + 1 and failure.error == "RuntimeError"
+    assert failure.attempts == 2
+    assert failure.first_at <= failure.at
+    assert failure.start_lsn is not None and failure.end_lsn is not None
+    # from the end of the last batch applied (the slot may be confirmed further, up to the
+    # server's WAL end while idle) through the failed batch's last transaction
+    assert Lsn.parse(failure.start_lsn) <= applied < Lsn.parse(failure.end_lsn) <= after
+
+    capsys.readouterr()
+    code, report = status_json(config, capsys)
+    assert code == 1 and report["ok"] is False and report["state"] == "failing"
+    shown = report["stream"]["last_failure"]
+    assert shown["standing"] is True and shown["batch"] == last + 1 and shown["attempts"] == 2
+    assert shown["error"] == "RuntimeError"
+    assert (shown["start_lsn"], shown["end_lsn"]) == (failure.start_lsn, failure.end_lsn)
+    assert shown["start_lsn_int"] == int(Lsn.parse(failure.start_lsn))
+    (problem,) = report["problems"]
+    assert f"batch {last + 1}" in problem and "RuntimeError" in problem
+    assert failure.end_lsn in problem
+    assert report["slot"]["confirmed_flush_lsn"] == str(applied)  # nothing of it confirmed
+    assert main(["status", "--config", str(config)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "pgcdc status: failing" in out and "failed batch" in out, out
+    assert f"LSN {failure.start_lsn} to {failure.end_lsn}: RuntimeError" in out, out
+
+    assert main(["run", "--config", str(config), "--until-caught-up", "--verify"]) == 0
+    state = load_state(LakeLayout(tmp_path / "lake"))
+    assert state is not None and state.last_failure is None
+    code, report = status_json(config, capsys)
+    assert code == 0 and report["ok"] is True, report["problems"]
+    assert report["stream"]["last_failure"] is None
+    assert report["state"] in ("stopped", "running")  # the run's walsender may not be gone yet
+    assert report["stream"]["last_batch"] == last + 1

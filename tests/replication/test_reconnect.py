@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -13,10 +14,11 @@ from pgcdc.replication import (
     ReconnectGaveUpError,
     ReconnectPolicy,
     ReplicationSession,
+    SlotNotFoundError,
     StreamOptions,
 )
 from pgcdc.replication.reconnect import Backoff
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, drop_slots
 from tests.replication.streams import FAST, read, setup_table, slot_row
 
 QUICK = ReconnectPolicy(initial_delay=0.05, max_delay=0.5, max_attempts=40, deadline=30)
@@ -154,3 +156,77 @@ def test_temporary_slot_cannot_resume(pg: PgDatabase) -> None:
         with pytest.raises(ConnectionLostError, match="temporary slot 'tmp_slot'"):
             read(session, lambda r: False)
     assert pg.execute("SELECT count(*) FROM pg_replication_slots")[0][0] == 0
+
+
+def test_slot_dropped_under_the_session(pg: PgDatabase) -> None:
+    """A slot dropped while the session streamed (``pgcdc drop --force``): the reconnect finds
+    it gone and says so, with the position the consumer had confirmed, and does not advise
+    creating it again (a new slot would skip what was not confirmed)."""
+    setup_table(pg)
+    session = ReplicationSession(pg.dsn(), "s", StreamOptions(("pub",)), reconnect=QUICK, **FAST)
+    with session:
+        _insert(pg, range(0, 3))
+        got = read(session, lambda r: len(r.commits) >= 3)
+        confirmed = got.commits[0].end_lsn
+        session.confirm(confirmed)
+        session.request_status()
+        read(session, lambda r: slot_row(pg)["confirmed_flush_lsn"] >= confirmed, reading=got)
+        with pg.connect() as conn:
+            drop_slots(conn, pg.dbname)  # terminates the walsender first, as --force does
+        with pytest.raises(SlotNotFoundError) as err:
+            read(session, lambda r: False, reading=got)
+    message = str(err.value)
+    assert "replication slot 's' was dropped" in message and "while this session" in message
+    assert f"confirmed up to {confirmed}" in message, message
+    assert "create" not in message.split("Fix:")[1], message
+
+
+@pytest.mark.parametrize("mode", ["restart", "stop"])
+def test_fast_shutdown_with_unconfirmed_changes_is_prompt(pg: PgDatabase, mode: str) -> None:
+    """A fast shutdown while the consumer has received transactions it has not confirmed: the
+    walsender waits for a flush confirmation up to what it sent, and answering its keepalives
+    kept it waiting (and pg_ctl with it) until the consumer confirmed. The session does not
+    confirm them: it closes the connection, so the shutdown takes seconds; after the server
+    is back it resumes at the confirmed position and the unconfirmed transactions come again,
+    nothing lost (issue 24)."""
+    setup_table(pg)
+    session = ReplicationSession(pg.dsn(), "s", StreamOptions(("pub",)), reconnect=QUICK, **FAST)
+    with session:
+        _insert(pg, range(0, 10))
+        got = read(session, lambda r: len(r.commits) >= 10)
+        confirmed = got.commits[4].end_lsn  # the first five are durable, the rest not yet
+        session.confirm(confirmed)
+        session.request_status()
+        read(session, lambda r: slot_row(pg)["confirmed_flush_lsn"] >= confirmed, reading=got)
+        took: list[float] = []
+        failed: list[BaseException] = []
+
+        def shut_down() -> None:
+            started = time.monotonic()
+            try:
+                if mode == "restart":
+                    pg.cluster.restart()
+                else:
+                    pg.cluster.stop_server()
+            except BaseException as exc:  # pg_ctl gave up waiting (ClusterError)
+                failed.append(exc)
+            took.append(time.monotonic() - started)
+            if mode == "stop":
+                pg.cluster.start_server()
+
+        thread = threading.Thread(target=shut_down)
+        thread.start()
+        try:
+            # the consumer keeps reading (and psycopg2 answering keepalives) meanwhile
+            read(session, lambda r: bool(r.reconnects), reading=got, timeout=90)
+        finally:
+            thread.join()
+        assert not failed and took[0] < 15, (took, failed)
+        assert slot_row(pg)["confirmed_flush_lsn"] == confirmed  # nothing more was confirmed
+        _insert(pg, range(10, 15))
+        got = read(session, lambda r: set(range(15)) <= set(r.inserted_ids()), reading=got)
+    assert got.reconnects and got.reconnects[0].resume_lsn == confirmed
+    ids = got.inserted_ids()
+    assert all(ids.count(i) == 1 for i in range(5))  # confirmed before: not sent again
+    assert all(ids.count(i) == 2 for i in range(5, 10))  # unconfirmed: sent again
+    assert all(ids.count(i) == 1 for i in range(10, 15))

@@ -26,7 +26,7 @@ from pgcdc.spark.errors import EndpointError, SparkSourceError
 from pgcdc.spark.options import stream_settings
 from pgcdc.spark.receiver import Receiver, ReceiverSettings
 from pgcdc.spark.schema import source_schema, table_column
-from pgcdc.spark.stream import PgcdcStreamReader, StreamPartition
+from pgcdc.spark.stream import PgcdcStreamReader, StreamPartition, parse_offset
 from tests.fix_pg import PgDatabase
 
 
@@ -283,3 +283,41 @@ def test_receiver_refuses_a_busy_slot_after_waiting(pg: PgDatabase):
         two.wait_connected(30)
     two.stop()
     one.stop()
+
+
+def test_pause_file_plans_no_batch_while_it_exists(pg: PgDatabase, tmp_path):
+    """``pauseFile``: while the file exists, latestOffset confirms the committed batch it starts
+    from but plans no new one (a pipeline stopping between batches under load); without the
+    file the waiting transactions make the next batch."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    pause = tmp_path / "pause"
+    reader = _reader(pg, pauseFile=str(pause))
+    start = reader.initialOffset()
+    pg.execute("INSERT INTO t VALUES (1)")
+    receiver = reader._rt().receiver
+    _wait_rows(receiver, 1)
+    first = reader.latestOffset(start, ReadAllAvailable())
+    assert first != start
+    pg.execute("INSERT INTO t VALUES (2)")
+    _wait_rows(receiver, 2)
+    pause.touch()
+    assert reader.latestOffset(first, ReadAllAvailable()) == first  # data waits: no batch
+    _, first_end = parse_offset(first)
+    deadline = time.monotonic() + 10
+    while slot_confirmed(pg) < first_end:  # ... but the committed batch was confirmed
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pause.unlink()
+    second = reader.latestOffset(first, ReadAllAvailable())
+    batch = _table(_read_all(reader, reader.partitions(first, second)))
+    column = batch.column(table_column("public", "t")).combine_chunks()
+    assert column.field("new").field("id").to_pylist() == [2]
+    reader.stop()
+
+
+def slot_confirmed(pg: PgDatabase) -> Lsn:
+    return Lsn.parse(
+        str(pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots")[0][0])
+    )

@@ -3,8 +3,10 @@
 The first start creates the publication (with its row filters) and the slot, copies the tables
 in parallel and then streams; later starts resume where the last one stopped. With
 ``--until-caught-up`` it applies everything committed up to the moment it started and exits 0
-(for scheduled runs and tests); otherwise it runs until interrupted (Ctrl-C stops it after the
-current batch). ``--check`` validates the configuration against the source and exits.
+(for scheduled runs and tests); otherwise it runs until interrupted: Ctrl-C or SIGTERM stops
+it after the current batch (or the initial copy) and it exits 0; a second Ctrl-C stops it at
+once (exit 130; the next start reads that batch again). ``--check`` validates the
+configuration against the source and exits.
 
 Progress: on a terminal, rich progress bars for the snapshot (tables copied, rows) and the
 stream (WAL bytes from the slot's position to the server's, batches, changes/s); otherwise a
@@ -314,7 +316,27 @@ def run(args: argparse.Namespace) -> int:
         out.say(str(exc), level=logging.ERROR)
         return 2
     display = _Display(out)
-    pipeline = Pipeline(config, observer=display)
+    stopping = (signal.SIGINT, signal.SIGTERM)
+    main = threading.current_thread() is threading.main_thread()
+    asked: list[int] = []
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        if asked and signum == signal.SIGINT:
+            # a second Ctrl-C: stop now (the batch in progress is read again next time)
+            raise KeyboardInterrupt
+        asked.append(signum)
+        again = " (Ctrl-C again to stop at once)" if signum == signal.SIGINT else ""
+        out.say(f"{signal.Signals(signum).name}: stopping after the current batch ...{again}")
+        pipeline.stop()
+
+    def handle_signals(spark: Any = None) -> None:
+        # pyspark's SparkContext installs its own SIGINT handler when it starts (it cancels
+        # every running job and raises KeyboardInterrupt): installed again once Spark runs
+        if main:
+            for signum in stopping:
+                signal.signal(signum, interrupt)
+
+    pipeline = Pipeline(config, observer=display, on_spark=handle_signals)
     try:
         plan = pipeline.check()
         if args.check:
@@ -328,17 +350,8 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"pgcdc run: {config.describe()}", slot=config.source.slot)
         # Ctrl-C, and SIGTERM (systemd, docker, Kubernetes stopping the service): stop after
         # the batch in progress, so that the process exits normally (its exit hooks run)
-        stopping = (signal.SIGINT, signal.SIGTERM)
         previous = {signum: signal.getsignal(signum) for signum in stopping}
-
-        def interrupt(signum: int, frame: FrameType | None) -> None:
-            out.say(f"{signal.Signals(signum).name}: stopping after the current batch ...")
-            pipeline.stop()
-
-        main = threading.current_thread() is threading.main_thread()
-        if main:
-            for signum in stopping:
-                signal.signal(signum, interrupt)
+        handle_signals()
         try:
             result = pipeline.run(until_caught_up=args.until_caught_up)
         finally:

@@ -5,9 +5,11 @@ It reads the lake's state (``<lake>/_pgcdc/state.json``), the slot on the source
 reports: the pipeline (id, generation, snapshot done, dropped); the slot (active and its
 walsender's pid, confirmed flush and restart LSN, WAL retained in bytes, ``wal_status``,
 invalidation reason, ``safe_wal_size``); the lag; the stream's last committed micro-batch (from
-its checkpoint); and per table its rows (from the Delta log's file statistics, without reading
-data), its last commit (version, time, stream batch id from the commit's metadata) and the
-newest change it holds (``__commit_lsn`` / ``__commit_time``). Nothing is written anywhere.
+its checkpoint) and the last batch a run failed on (``last_failure``: batch id, LSN range, error
+class, time, failed runs; ``standing`` until a batch is applied); and per table its rows (from
+the Delta log's file statistics, without reading data), its last commit (version, time, stream
+batch id from the commit's metadata) and the newest change it holds (``__commit_lsn`` /
+``__commit_time``). Nothing is written anywhere.
 
 Lag:
 
@@ -25,8 +27,9 @@ LSNs both as ``"X/XXXXXXXX"`` text and as ``..._int`` numbers). The connection s
 its password, never appears.
 
 Exit codes: 0 the pipeline is healthy, or not started yet (no state in the lake); 1 it cannot
-continue (slot gone or invalidated, dropped by ``pgcdc drop``) or the source or the state could
-not be read, with a message naming the fix; 2 a bad configuration.
+continue (slot gone or invalidated, dropped by ``pgcdc drop``), a run failed on a batch that has
+not been applied since (the slot cannot advance past it), or the source or the state could not
+be read, with a message naming the fix; 2 a bad configuration.
 """
 
 from __future__ import annotations
@@ -180,11 +183,26 @@ def _table_status(layout: LakeLayout, table_id: str, state: PipelineState) -> di
 
 def _last_stream_batch(layout: LakeLayout, state: PipelineState) -> int | None:
     """The last micro-batch Spark committed (its streaming checkpoint's commit log)."""
-    commits = state.checkpoint(layout) / "commits"
-    if not commits.is_dir():
+    from pgcdc.lake.state import committed_batch
+
+    return committed_batch(state.checkpoint(layout))
+
+
+def _failure(layout: LakeLayout, state: PipelineState | None) -> dict[str, Any] | None:
+    """The state's failed batch, and whether it stands (not applied since)."""
+    failure = None if state is None else state.last_failure
+    if state is None or failure is None:
         return None
-    ids = [int(p.name) for p in commits.iterdir() if p.name.isdigit()]
-    return max(ids) if ids else None
+    return {
+        "batch": failure.batch,
+        **_lsn_fields("start_lsn", _parse_lsn(failure.start_lsn)),
+        **_lsn_fields("end_lsn", _parse_lsn(failure.end_lsn)),
+        "error": failure.error,
+        "at": failure.at,
+        "first_at": failure.first_at,
+        "attempts": failure.attempts,
+        "standing": state.failure_standing(layout) is not None,
+    }
 
 
 def collect(config: PipelineConfig, *, now: datetime | None = None) -> dict[str, Any]:
@@ -251,6 +269,20 @@ def collect(config: PipelineConfig, *, now: datetime | None = None) -> dict[str,
         phase = "copying" if info.active else "snapshot unfinished"
     else:
         phase = "running" if info.active else "stopped"
+    failure = _failure(layout, state)
+    if failure is not None and failure["standing"]:
+        if not problems:
+            phase = "failing"
+        runs = failure["attempts"]
+        since = f" (first at {failure['first_at']})" if runs > 1 else ""
+        problems.append(
+            f"batch {failure['batch']} (LSN {failure['start_lsn'] or '-'} to "
+            f"{failure['end_lsn'] or '-'}) failed with {failure['error']} at {failure['at']}, "
+            f"{runs} failed run{'s' * (runs != 1)}{since}, and has not been applied since: the "
+            "slot cannot advance past it and the server keeps its WAL. Fix: find that batch's "
+            "error in pgcdc run's log, remove its cause and run pgcdc run again (the batch is "
+            "read again: nothing of it was confirmed to the source)"
+        )
     if health is not None and not (info is not None and info.lost):
         threshold = config.source.retained_wal_warning
         if health.retained_bytes is not None and health.retained_bytes > threshold:
@@ -323,6 +355,7 @@ def collect(config: PipelineConfig, *, now: datetime | None = None) -> dict[str,
         "stream": {
             "last_batch": None if state is None else _last_stream_batch(layout, state),
             "checkpoint": None if state is None else str(state.checkpoint(layout)),
+            "last_failure": failure,
         },
         "tables": tables,
         "problems": problems,
@@ -392,6 +425,14 @@ def render(report: dict[str, Any], console: Console) -> None:
     summary.add_row("lag", f"{_size(lag['bytes'])}, {_show(lag['seconds'])} s")
     summary.add_row("newest change in the lake", _show(lag["last_applied_commit_time"]))
     summary.add_row("last stream batch", _show(report["stream"]["last_batch"]))
+    failure = report["stream"]["last_failure"]
+    if failure is not None and failure["standing"]:
+        summary.add_row(
+            "failed batch",
+            f"{failure['batch']}, LSN {_show(failure['start_lsn'])} to "
+            f"{_show(failure['end_lsn'])}: {failure['error']} at {failure['at']} "
+            f"({failure['attempts']} failed run{'s' * (failure['attempts'] != 1)})",
+        )
     pub = report["publication"]
     created = pub["created_by_pgcdc"]
     summary.add_row(

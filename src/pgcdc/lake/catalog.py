@@ -325,26 +325,32 @@ def _published_as_configured(
     return existing
 
 
-def _privilege_problems(
-    conn: psycopg.Connection[Any], tables: Sequence[SourceTable]
-) -> list[tuple[str, str]]:
-    """What the connecting role lacks to run the pipeline: REPLICATION (the slot) and SELECT
-    on each published table (the initial copy)."""
-    problems: list[tuple[str, str]] = []
+def _replication_problems(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+    """The connecting role's lack of the REPLICATION attribute (the slot needs it), if so."""
     row = conn.execute(
         "SELECT current_user::text, rolreplication OR rolsuper FROM pg_roles "
         "WHERE rolname = current_user"
     ).fetchone()
-    user = str(row[0]) if row is not None else "?"
-    if row is not None and not row[1]:
-        problems.append(
-            (
-                "source.dsn",
-                f"role {user!r} lacks the REPLICATION attribute a logical replication slot "
-                f"needs: ALTER ROLE {sql.Identifier(user).as_string(conn)} REPLICATION, or "
-                "connect as a role that has it",
-            )
+    if row is None or row[1]:
+        return []
+    user = str(row[0])
+    return [
+        (
+            "source.dsn",
+            f"role {user!r} lacks the REPLICATION attribute a logical replication slot "
+            f"needs: ALTER ROLE {sql.Identifier(user).as_string(conn)} REPLICATION, or "
+            "connect as a role that has it",
         )
+    ]
+
+
+def _select_problems(
+    conn: psycopg.Connection[Any], tables: Sequence[SourceTable]
+) -> list[tuple[str, str]]:
+    """The published tables the connecting role may not SELECT from (the initial copy)."""
+    problems: list[tuple[str, str]] = []
+    row = conn.execute("SELECT current_user::text").fetchone()
+    user = str(row[0]) if row is not None else "?"
     oids = [t.oid for t in tables]
     allowed = dict(
         conn.execute(
@@ -376,6 +382,19 @@ def plan_source(dsn: str, config: PipelineConfig) -> SourcePlan:
 
 
 def _plan(conn: psycopg.Connection[Any], config: PipelineConfig) -> SourcePlan:
+    # a role without REPLICATION is told so whatever else stops the plan (a publication it
+    # may not create, a table it may not read): fixing the others alone would not do
+    role = _replication_problems(conn)
+    try:
+        plan = _plan_tables(conn, config)
+    except ConfigError as exc:
+        raise ConfigError([*role, *exc.problems], source=exc.source) from None
+    if role:
+        raise ConfigError(role)
+    return plan
+
+
+def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> SourcePlan:
     catalog = _catalog(conn)
     problems: list[tuple[str, str]] = []
     specs: list[PublicationTable] = []
@@ -535,7 +554,7 @@ def _plan(conn: psycopg.Connection[Any], config: PipelineConfig) -> SourcePlan:
             )
         )
         source_tables.append(table)
-    problems.extend(_privilege_problems(conn, source_tables))
+    problems.extend(_select_problems(conn, source_tables))
     if problems:
         raise ConfigError(problems)
     if not lake_tables:

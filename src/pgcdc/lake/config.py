@@ -646,6 +646,15 @@ def _problems(exc: ValidationError) -> list[tuple[str, str]]:
     return list(seen.items())
 
 
+def _not_a_folder(path: Path) -> Path | None:
+    """The nearest existing part of ``path`` (itself or an ancestor) when it is not a folder:
+    the lake's state and tables are folders under it, which could then never be created."""
+    for part in (path, *path.parents):
+        if part.exists() or part.is_symlink():
+            return None if part.is_dir() else part
+    return None
+
+
 def parse_config(
     data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None
 ) -> PipelineConfig:
@@ -658,6 +667,16 @@ def parse_config(
         lake = config.lake.model_copy(update={"path": (base_dir / config.lake.path).resolve()})
         config = config.model_copy(update={"lake": lake})
     problems: list[tuple[str, str]] = []
+    blocked = _not_a_folder(config.lake.path)
+    if blocked is not None:
+        what = "is" if blocked == config.lake.path else f"is under {blocked}, which is"
+        problems.append(
+            (
+                "lake.path",
+                f"{config.lake.path} {what} a file, not a folder: point lake.path at a folder "
+                "(created on the first start if missing), or move that file away",
+            )
+        )
     seen: dict[str, int] = {}
     for i, table in enumerate(config.tables):
         if table.name in seen:

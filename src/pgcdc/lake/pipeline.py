@@ -30,6 +30,11 @@ pipeline with a ``PipelineError`` naming the fix when the slot is invalidated or
 database so the slot keeps advancing when nothing it publishes changes. A ``RunObserver``
 passed to ``Pipeline`` hears about the snapshot's and the stream's progress.
 
+A stream that fails on a micro-batch records it in the state (``state.last_failure``: the
+batch planned in the checkpoint's offset log and not committed, its LSN range, the error's
+class, when) before ``run`` raises, so that ``pgcdc status`` reports it (exit 1); a batch applied
+later clears it, as does a run whose checkpoint committed that batch.
+
 A lake whose slot ``pgcdc drop`` dropped (``state.dropped_at``) is never copied into again:
 ``run`` fails and says to move the lake away first.
 """
@@ -40,6 +45,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,7 +53,7 @@ from typing import Any
 
 import psycopg
 
-from pgcdc.lake.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
+from pgcdc.lake.batch import PROGRESS, BatchResult, LakeBatchWriter, Progress, table_column_pairs
 from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source, source_columns
 from pgcdc.lake.config import ConfigError, PipelineConfig
 from pgcdc.lake.delta import delta_settings, is_delta_table, table_schema
@@ -62,7 +68,15 @@ from pgcdc.lake.monitor import (
 )
 from pgcdc.lake.schema_evolution import evolve
 from pgcdc.lake.snapshot import remove_tables, write_snapshot
-from pgcdc.lake.state import PipelineState, load_state, save_state
+from pgcdc.lake.state import (
+    BatchFailure,
+    PipelineState,
+    batch_offset,
+    committed_batch,
+    load_state,
+    planned_batch,
+    save_state,
+)
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout
 from pgcdc.lsn import Lsn
 from pgcdc.metrics import PipelineMetrics
@@ -168,11 +182,14 @@ class Pipeline:
         fail_after_commits: int | None = None,
         observer: Observer | None = None,
         metrics: PipelineMetrics | None = None,
+        on_spark: Callable[[Any], None] | None = None,
     ) -> None:
         """``spark``: a session to use (default: one from ``[spark]``);
         ``fail_after_commits``: fault injection for tests (each batch fails after this many
         Delta commits); ``observer``: told about progress (progress displays);
-        ``metrics``: where to record (default: a new ``PipelineMetrics`` for the slot)."""
+        ``metrics``: where to record (default: a new ``PipelineMetrics`` for the slot);
+        ``on_spark``: called with the session once this pipeline started it (pyspark installs
+        its own SIGINT handler then, which a command line may want to replace again)."""
         self.config = config
         self.observer: Observer = observer if observer is not None else RunObserver()
         self.metrics = metrics if metrics is not None else PipelineMetrics(config.source.slot)
@@ -183,9 +200,12 @@ class Pipeline:
         self._fail_after = fail_after_commits
         self.layout = LakeLayout(config.lake.path)
         self._spark = spark
+        self._on_spark = on_spark
         self._query: Any | None = None
         self._stop = threading.Event()
         self.state: PipelineState | None = None
+        self._state_lock = threading.Lock()  # batches clear a failure from Spark's thread
+        self._failed: tuple[int, str] | None = None  # (batch id, error class) seen in-process
         self.plan: SourcePlan | None = None
         self.restarts = 0  # queries restarted for schema changes
 
@@ -209,6 +229,8 @@ class Pipeline:
                     f"Spark did not start ({scrub_secrets(_spark_reason(exc))}): check [spark] "
                     "master and [spark.conf] (and that Java 17 is installed)"
                 ) from exc
+            if self._on_spark is not None:
+                self._on_spark(self._spark)
         return self._spark
 
     def check(self) -> SourcePlan:
@@ -420,6 +442,8 @@ class Pipeline:
         batches, changes = progress.batches, progress.changes
         events = BatchEvents(self.metrics, self.observer)
         progress.subscribe(events)
+        failures = _FailureWatch(self)
+        progress.subscribe(failures)
         source = self.config.source
         if source.heartbeat_interval > 0:
             schema, table = source.heartbeat_schema_table
@@ -456,6 +480,7 @@ class Pipeline:
                 self.heartbeat.stop()
                 self.heartbeat = None
             progress.unsubscribe(events)
+            progress.unsubscribe(failures)
         result.batches = progress.batches - batches
         result.changes = progress.changes - changes
         return result
@@ -533,6 +558,7 @@ class Pipeline:
                 consistent_point=None,
                 snapshot_done=False,
                 snapshot_rows={},
+                last_failure=None,
             )
         save_state(self.layout, state)
         if ensure_publication(dsn, self.config, plan):
@@ -644,6 +670,10 @@ class Pipeline:
             options["maxChangesPerTrigger"] = stream.max_changes_per_trigger
         if stream.max_bytes_per_trigger is not None:
             options["maxBytesPerTrigger"] = stream.max_bytes_per_trigger
+        # created on stop: the source then plans no more batches, so that the query stops
+        # between two even when batches follow each other at once (a busy source)
+        pause = self.layout.state_dir / f"pause-{uuid.uuid4().hex}"
+        options["pauseFile"] = str(pause)
         restarts = 0
         while not self._stop.is_set():
             spark = self.spark()
@@ -685,7 +715,11 @@ class Pipeline:
                         query.stop()
                         break
                     if self._stop.is_set():
-                        _stop_between_batches(query)
+                        pause.touch()
+                        try:
+                            _stop_between_batches(query)
+                        finally:
+                            pause.unlink(missing_ok=True)
                         break
                 if self._fatal is not None:
                     return
@@ -695,6 +729,7 @@ class Pipeline:
             finally:
                 self._query = None
             if error is None:
+                self._clear_failure(None)  # if the checkpoint committed the failed batch since
                 if until_caught_up:
                     self.drop_gone_columns()
                 return
@@ -711,9 +746,149 @@ class Pipeline:
                 )
                 continue
             self.metrics.record_error("stream")
+            lost = self._slot_lost()
+            if lost is not None:
+                # the slot went (pgcdc drop --force, pg_drop_replication_slot) or was
+                # invalidated under the stream: the pipeline's fix, not the source's
+                raise PipelineError(lost) from error
+            self._record_failure(error)
             raise PipelineError(
                 f"the stream failed: {scrub_secrets(_first_line(error))}{_spark_hint(error)}"
             ) from error
+
+    # -- the failed batch in the state (pgcdc status) ------------------------------------------
+
+    def _update_state(self, change: Callable[[PipelineState], PipelineState | None]) -> None:
+        """Apply ``change`` to the state as saved (``pgcdc drop`` may have written it since)
+        and save it atomically; ``change`` returns None to leave it as it is."""
+        with self._state_lock:
+            current = load_state(self.layout) or self.state
+            if current is None:
+                return
+            new = change(current)
+            if new is None:
+                return
+            save_state(self.layout, new)
+            self.state = new
+
+    def _record_failure(self, error: BaseException) -> None:
+        """Record the micro-batch the stream failed on (planned in the checkpoint's offset
+        log, not committed) in the state, before ``run`` raises: ``pgcdc status`` reports it
+        until a batch is applied. A stream that failed planning a batch records nothing."""
+        state = self.state
+        if state is None:
+            return
+        checkpoint = state.checkpoint(self.layout)
+        batch = planned_batch(checkpoint)
+        committed = committed_batch(checkpoint)
+        if batch is None or (committed is not None and committed >= batch):
+            return
+        seen = self._failed
+        error_class = seen[1] if seen is not None and seen[0] == batch else _error_class(error)
+        start = state.consistent_point if batch == 0 else batch_offset(checkpoint, batch - 1)
+        end = batch_offset(checkpoint, batch)
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+
+        def record(current: PipelineState) -> PipelineState:
+            before = current.last_failure
+            again = before is not None and before.batch == batch
+            failure = BatchFailure(
+                batch=batch,
+                start_lsn=start,
+                end_lsn=end,
+                error=error_class,
+                at=now,
+                first_at=before.first_at if again and before is not None else now,
+                attempts=before.attempts + 1 if again and before is not None else 1,
+            )
+            return current.evolve(last_failure=failure)
+
+        try:
+            self._update_state(record)
+        except Exception as exc:  # the run fails with the stream's error all the same
+            log.warning(
+                "could not record the failed batch %s in the pipeline state: %s",
+                batch,
+                scrub_secrets(f"{type(exc).__name__}: {exc}"),
+            )
+            return
+        log.warning(
+            "batch %s (LSN %s to %s) failed with %s: recorded in the pipeline state, "
+            "pgcdc status reports it until a batch is applied",
+            batch,
+            start or "-",
+            end or "-",
+            error_class,
+            extra={"batch": batch, "min_lsn": start, "max_lsn": end, "error": error_class},
+        )
+
+    def _clear_failure(self, applied: int | None) -> None:
+        """Forget the recorded failure: batch ``applied`` is in the lake (a later batch, or
+        the failed one applied this time), or (None) when the checkpoint committed it."""
+        state = self.state
+        if state is None or state.last_failure is None:
+            return
+
+        def clear(current: PipelineState) -> PipelineState | None:
+            failure = current.last_failure
+            if failure is None:
+                return None
+            if applied is None and current.failure_standing(self.layout) is not None:
+                return None
+            if applied is not None and applied < failure.batch:
+                return None
+            log.info(
+                "batch %s is applied: the failure of batch %s is cleared",
+                failure.batch if applied is None else applied,
+                failure.batch,
+                extra={"batch": failure.batch},
+            )
+            return current.evolve(last_failure=None)
+
+        try:
+            self._update_state(clear)
+        except Exception as exc:  # status then reports a failure that was repaired: harmless
+            log.warning(
+                "could not clear the failed batch in the pipeline state: %s",
+                scrub_secrets(f"{type(exc).__name__}: {exc}"),
+            )
+
+    def _slot_lost(self) -> str | None:
+        """After a failed stream: the slot monitor's message when the slot is gone or
+        invalidated (or the publication dropped), checked now, else None."""
+        monitor = self.monitor
+        if monitor is not None and self._fatal is None:
+            try:
+                monitor.check()
+            except Exception as exc:  # the source unreachable: the stream's error stands
+                log.debug("slot check after the stream failed: %s", scrub_secrets(str(exc)))
+        return self._fatal
+
+
+class _FailureWatch:
+    """A ``BatchListener`` keeping the failed-batch record of the state: a batch applied clears
+    it, a batch failing in this process tells its error's class (a Spark failure's text names
+    the Java or Python exception; the exception in the batch is exact)."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+
+    def batch_done(self, result: BatchResult) -> None:
+        self.pipeline._failed = None
+        self.pipeline._clear_failure(result.batch_id)
+
+    def batch_failed(self, batch_id: int, error: BaseException) -> None:
+        self.pipeline._failed = (batch_id, _error_class(error))
+
+
+def _error_class(error: BaseException) -> str:
+    """The class of the exception that failed: the last one a Spark or Py4J error's text
+    names (``java.lang.OutOfMemoryError``, ``RuntimeError``), else the error's own."""
+    for line in reversed(str(error).splitlines()):
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match:
+            return match.group(1)[:200]
+    return type(error).__name__
 
 
 _OUT_OF_MEMORY = ("OutOfMemoryError", "Java heap space", "GC overhead limit exceeded")
@@ -744,7 +919,8 @@ def _spark_hint(error: BaseException) -> str:
 
 
 def _stop_between_batches(query: Any, timeout: float = 300.0) -> None:
-    """Stop a query when no batch is running (stopping mid-batch interrupts its commits)."""
+    """Stop a query when no batch is running (stopping mid-batch interrupts its commits); its
+    source's pause file exists, so no trigger plans a new batch meanwhile."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -753,7 +929,7 @@ def _stop_between_batches(query: Any, timeout: float = 300.0) -> None:
             break
         if not active:
             break
-        time.sleep(0.2)
+        time.sleep(0.05)
     query.stop()
 
 

@@ -10,6 +10,11 @@ such a one; state files written before this field existed read as False: keep it
 ``dropped_at`` is set by ``pgcdc drop`` when it dropped the slot: ``run`` then refuses to
 start (the changes since the slot's position are gone), instead of copying everything again
 into a lake that still holds the old tables; moving the lake away starts over.
+
+``last_failure`` (a ``BatchFailure``) is the micro-batch a run failed on, until a batch is
+applied again: ``pgcdc status`` shows it and exits 1 while it stands (``failure_standing``: the
+streaming checkpoint has not committed that batch since). The checkpoint helpers read Spark's
+offset and commit logs (``offsets/<batch>``, ``commits/<batch>``) without Spark.
 """
 
 from __future__ import annotations
@@ -24,7 +29,17 @@ from typing import Any
 
 from pgcdc.lake.tables import LakeLayout
 
-__all__ = ["STATE_FORMAT", "PipelineState", "StateError", "load_state", "save_state"]
+__all__ = [
+    "STATE_FORMAT",
+    "BatchFailure",
+    "PipelineState",
+    "StateError",
+    "batch_offset",
+    "committed_batch",
+    "load_state",
+    "planned_batch",
+    "save_state",
+]
 
 STATE_FORMAT = 1
 
@@ -35,6 +50,21 @@ class StateError(RuntimeError):
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFailure:
+    """A micro-batch that failed and has not been applied since: its id, the WAL it covers
+    (after ``start_lsn``, through ``end_lsn``), the error's class (never its message, which
+    may quote row values), when it failed last and first, and how many runs failed on it."""
+
+    batch: int
+    start_lsn: str | None  # "X/XXXXXXXX"
+    end_lsn: str | None
+    error: str
+    at: str  # ISO time
+    first_at: str
+    attempts: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +82,7 @@ class PipelineState:
     snapshot_rows: dict[str, int] = field(default_factory=dict)
     publication_created: bool = False  # pgcdc created the publication (pgcdc drop drops it)
     dropped_at: str | None = None  # ISO time pgcdc drop dropped the slot
+    last_failure: BatchFailure | None = None  # the batch a run failed on, until one is applied
     created_at: str = field(default_factory=_now)
     updated_at: str = field(default_factory=_now)
     format: int = STATE_FORMAT
@@ -91,6 +122,44 @@ class PipelineState:
     def evolve(self, **changes: Any) -> PipelineState:
         return replace(self, updated_at=_now(), **changes)
 
+    def failure_standing(self, layout: LakeLayout) -> BatchFailure | None:
+        """``last_failure``, unless the checkpoint committed that batch since (a run that
+        applied it may have been killed before it cleared the record)."""
+        failure = self.last_failure
+        if failure is None:
+            return None
+        committed = committed_batch(self.checkpoint(layout))
+        return None if committed is not None and committed >= failure.batch else failure
+
+
+def _batch_ids(folder: Path) -> list[int]:
+    try:
+        return [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
+    except OSError:  # no such folder yet
+        return []
+
+
+def committed_batch(checkpoint: Path) -> int | None:
+    """The newest micro-batch Spark committed (its commit log), if any."""
+    return max(_batch_ids(checkpoint / "commits"), default=None)
+
+
+def planned_batch(checkpoint: Path) -> int | None:
+    """The newest micro-batch Spark planned (its offset log, written before the batch runs)."""
+    return max(_batch_ids(checkpoint / "offsets"), default=None)
+
+
+def batch_offset(checkpoint: Path, batch: int) -> str | None:
+    """The ``end_lsn`` of the source's offset the offset log holds for ``batch`` (the end of
+    the batch's last transaction), if readable."""
+    try:
+        lines = (checkpoint / "offsets" / str(batch)).read_text(encoding="utf-8").splitlines()
+        offset = json.loads(lines[2])  # "v1", the batch's metadata, then the source's offset
+    except (OSError, IndexError, ValueError):
+        return None
+    end = offset.get("end_lsn") if isinstance(offset, dict) else None
+    return end if isinstance(end, str) else None
+
 
 def load_state(layout: LakeLayout) -> PipelineState | None:
     path = layout.state_file
@@ -108,6 +177,8 @@ def load_state(layout: LakeLayout) -> PipelineState | None:
                 f"{STATE_FORMAT}: use the pgcdc version that wrote it"
             )
         data["tables"] = tuple(data["tables"])
+        if data.get("last_failure") is not None:
+            data["last_failure"] = BatchFailure(**data["last_failure"])
         return PipelineState(**data)
     except (ValueError, TypeError, KeyError) as exc:
         raise StateError(

@@ -7,9 +7,10 @@ While nothing is pending, the server's WAL end (which the walsender only reports
 before it was sent) is reported as flushed, so a slot whose changes are all filtered out, or
 that sees no traffic, does not keep WAL forever.
 
-A consequence worth knowing: a server shutting down (fast mode) waits, up to
-``wal_sender_timeout``, for its logical walsenders' clients to report everything sent as
-flushed, so it waits for the consumer to confirm what it received.
+A consequence worth knowing: a server shutting down (fast or smart mode) waits for its logical
+walsenders' clients to report everything sent as flushed, with no time limit while the client
+answers its keepalives, so it would wait for the consumer to confirm what it received; the
+session closes its connection instead (``pgcdc.replication.session``).
 """
 
 from __future__ import annotations

@@ -14,12 +14,23 @@ request a reply are answered at once by the transport (psycopg2 does it inside
 than the server's ``wal_sender_timeout`` between two events gets disconnected (and the session
 reconnects).
 
+A server shutting down (``pg_ctl stop``/``restart``, fast or smart) keeps each walsender until
+its client reports everything sent as flushed, asking for a reply again and again (walsender.c,
+``WalSndDone``), however long that takes: a client that answers is never timed out. While
+nothing received is unconfirmed, the session's answer acknowledges the server's WAL end and the
+walsender exits. Otherwise confirming would acknowledge changes the consumer has not made
+durable; so when such a request comes while something is unconfirmed, the session checks with
+an ordinary connection that the server refuses it as shutting down, sends the confirmed
+position one last time and closes the replication connection (the walsender then exits at
+once); it reconnects as after any lost connection, and the unconfirmed transactions come again.
+
 After a dropped connection or a server restart the session reconnects with exponential backoff
 (``ReconnectPolicy``), resumes from the last confirmed position, and yields ``Reconnected``
 before anything else. The server then resends every transaction that commits after that
 position, including ones already delivered but not yet confirmed: the session does not
 deduplicate, its consumer skips them by commit LSN. When the policy is exhausted it raises
-``ReconnectGaveUpError`` naming the server and the last cause.
+``ReconnectGaveUpError`` naming the server and the last cause; a slot dropped while the session
+streamed (``pgcdc drop --force``) ends it with a ``SlotNotFoundError`` saying so.
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ from pgcdc.replication.errors import (
     ReplicationError,
     ServerUnreachableError,
     SlotActiveError,
+    SlotNotFoundError,
     describe_server,
     dsn_user,
 )
@@ -152,6 +164,8 @@ class ReplicationSession:
         self._pinged = False
         self._received = 0
         self._last_data_end = Lsn(0)
+        self._replies = 0  # the transport's reply_requests, as last seen
+        self._next_probe = 0.0
 
     # -- public state ---------------------------------------------------------------------
     @property
@@ -280,6 +294,14 @@ class ReplicationSession:
                     )
                 )
                 continue
+            replies = transport.reply_requests
+            if replies != self._replies:
+                self._replies = replies
+                if tracker.pending and now >= self._next_probe:
+                    self._next_probe = now + 1.0  # a shutting-down server asks thousands a second
+                    if self._server_shutting_down():
+                        self._leave_shutdown(transport)
+                        continue
             wal_end = transport.wal_end
             if wal_end > tracker.server_wal_end:
                 tracker.note_wal_end(wal_end)
@@ -327,6 +349,44 @@ class ReplicationSession:
                 self._pinged = False
 
     # -- internals ------------------------------------------------------------------------
+    def _server_shutting_down(self) -> bool:
+        """Whether the server refuses a new connection as shutting down (a walsender asking
+        for replies while its client has something unconfirmed may also just have heard
+        nothing for half of ``wal_sender_timeout``)."""
+        try:
+            conn = connect_sql(self.dsn, connect_timeout=self.connect_timeout)
+        except ReplicationError as exc:
+            return "the database system is shutting down" in str(exc).lower()
+        conn.close()
+        return False
+
+    def _leave_shutdown(self, transport: ReplicationTransport) -> None:
+        """Close the connection to a server that is shutting down and waits for this session
+        to confirm what it received: that is not durable yet, so it is not confirmed; the
+        walsender exits when the connection closes, and the session reconnects."""
+        tracker = self._tracker
+        assert tracker is not None
+        log.warning(
+            "%s is shutting down and waits for slot %s to be confirmed up to %s; confirmed is "
+            "%s: closing the replication connection rather than confirming changes not yet "
+            "durable (they are sent again after reconnecting)",
+            self.server,
+            self.slot,
+            tracker.server_wal_end,
+            tracker.confirmed,
+        )
+        with contextlib.suppress(TransportError):
+            self._send_status(transport, reply=False)  # what is confirmed, and no more
+        self._lose(
+            TransportError(
+                "the database system is shutting down (the connection was closed by pgcdc, "
+                "which has not made everything it received durable yet)",
+                sqlstate="57P03",
+                phase="stream",
+                lost=True,
+            )
+        )
+
     def _resume_lsn(self) -> Lsn:
         tracker = self._tracker
         assert tracker is not None
@@ -428,6 +488,9 @@ class ReplicationSession:
                 cause = retry.error
                 log.info("reconnect attempt %d failed: %s", backoff.attempts, retry.error.cause)
                 continue
+            except SlotNotFoundError as exc:
+                self._closed = True
+                raise self._slot_dropped(exc) from None
             except BaseException:
                 self._closed = True  # not worth retrying (a missing slot, a lost privilege...)
                 raise
@@ -442,6 +505,19 @@ class ReplicationSession:
                 self.reconnects,
             )
             return
+
+    def _slot_dropped(self, exc: SlotNotFoundError) -> SlotNotFoundError:
+        """The error for a slot dropped while this session streamed from it: creating it again
+        (the fix for a slot that never existed) would resume at the server's current position,
+        silently skipping what this session had not confirmed."""
+        resume = self._resume_lsn()
+        return SlotNotFoundError(
+            f"replication slot {self.slot!r} was dropped on {self.server} while this session "
+            f"streamed from it (confirmed up to {resume})",
+            f"the changes after {resume} cannot be streamed any more; a new slot would start "
+            "at the server's current position, so whatever this stream feeds must start over "
+            "from a new copy of the data",
+        )
 
     def _preflight(self, *, first: bool) -> Lsn | None:
         """Check the slot and publications with ordinary SQL; the slot's confirmed position."""
@@ -511,6 +587,7 @@ class ReplicationSession:
             transport.close()
             raise
         self._transport = transport
+        self._replies = transport.reply_requests
         now = time.monotonic()
         self._last_event = now
         self._last_io = now

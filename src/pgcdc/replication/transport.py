@@ -11,12 +11,17 @@ codec and everything above never see it. Driver errors leave this module as ``Tr
 psycopg2 answers keepalives that request a reply inside ``read_message`` (with the positions of
 the last status sent), and itself reports the server's WAL end as flushed after a keepalive when
 the last message received is at or before the last flush position sent: the same rule as
-``FeedbackTracker``.
+``FeedbackTracker``. It does not tell that a keepalive asked for a reply; the transport counts
+such replies (``reply_requests``) from the time of the last status psycopg2 sent: one sent
+sooner than its own status interval after the previous one can only be such a reply. A
+walsender asks for one after half of ``wal_sender_timeout`` without a status, and, at a server's
+shutdown, again and again until the client reports everything sent as flushed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import select
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -89,6 +94,12 @@ class ReplicationTransport(Protocol):
         """Send a standby status update now (``reply`` asks the server for a keepalive)."""
         ...
 
+    @property
+    def reply_requests(self) -> int:
+        """How many keepalives asking for a reply were answered (inside ``read``) so far; some
+        may be missed, none is counted that did not ask."""
+        ...
+
     def close(self) -> None: ...
 
     @property
@@ -151,7 +162,7 @@ def _wrap(exc: BaseException, phase: str, lost: bool) -> TransportError:
 class Psycopg2Transport:
     """``ReplicationTransport`` over psycopg2's ``LogicalReplicationConnection``."""
 
-    __slots__ = ("_conn", "_cur")
+    __slots__ = ("_conn", "_cur", "_feedback", "_interval", "_replies")
 
     def __init__(self, dsn: str, *, connect_timeout: float = 10.0) -> None:
         try:
@@ -163,6 +174,21 @@ class Psycopg2Transport:
         except psycopg2.Error as exc:
             raise _wrap(exc, "connect", lost=True) from None
         self._cur: Any = self._conn.cursor()
+        self._interval = 0.0  # psycopg2's own status interval, once streaming
+        self._feedback: datetime.datetime | None = None  # its last status sent, as last seen
+        self._replies = 0
+
+    @property
+    def reply_requests(self) -> int:
+        return self._replies
+
+    def _note_feedback(self) -> None:
+        """Count a status psycopg2 sent since the last one seen, if it was a reply: its own
+        periodic status comes only ``status_interval`` after the previous one."""
+        sent = self._cur.feedback_timestamp
+        seen, self._feedback = self._feedback, sent
+        if seen is not None and sent != seen and (sent - seen).total_seconds() < self._interval:
+            self._replies += 1
 
     @property
     def server_version(self) -> int:
@@ -193,11 +219,10 @@ class Psycopg2Transport:
     ) -> None:
         command = start_replication_command(slot, start_lsn, options)
         try:
+            # psycopg2 also sends periodic updates itself; it refuses intervals below 1s
+            self._interval = max(1.0, status_interval)
             self._cur.start_replication_expert(
-                command,
-                decode=False,
-                # psycopg2 also sends periodic updates itself; it refuses intervals below 1s
-                status_interval=max(1.0, status_interval),
+                command, decode=False, status_interval=self._interval
             )
         except psycopg2.Error as exc:
             raise _wrap(exc, "start", lost=bool(self._conn.closed)) from None
@@ -209,6 +234,8 @@ class Psycopg2Transport:
             # errors while streaming end the COPY: the connection is no longer usable for it
             raise _wrap(exc, "stream", lost=True) from None
         if msg is None:
+            # only here, not for each message: a walsender waiting for a reply sends no data
+            self._note_feedback()
             return None
         return WalData(_lsn(Lsn, msg.data_start), _lsn(Lsn, msg.wal_end), msg.payload)
 
@@ -230,6 +257,7 @@ class Psycopg2Transport:
             )
         except psycopg2.Error as exc:
             raise _wrap(exc, "stream", lost=True) from None
+        self._feedback = self._cur.feedback_timestamp  # ours: not a reply
 
     def close(self) -> None:
         if not self._conn.closed:

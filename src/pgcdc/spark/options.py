@@ -36,6 +36,9 @@ Spark hands options over as a case-insensitive mapping of strings. Stream option
 ``replayTimeout``        seconds to wait for a planned batch's transactions (default 300)
 ``availableNowTimeout``  seconds to wait for the stream to reach Trigger.AvailableNow's target
                          (default 600)
+``pauseFile``            a path: while a file exists there, no new micro-batch is planned (for a
+                         stop between batches: create it, wait until no trigger is active, stop
+                         the query); the batch in progress finishes and is confirmed
 =======================  ========================================================================
 
 Snapshot options (``spark.read.format("pgcdc")``): ``dsn``; ``publications`` or ``tables``
@@ -269,6 +272,7 @@ class StreamSettings:
     available_now_timeout: float = 600.0
     receive_timeout: float = 60.0
     idle_wait: float = 0.5
+    pause_file: str | None = None
 
 
 def stream_settings(options: Mapping[str, str]) -> StreamSettings:
@@ -318,6 +322,7 @@ def stream_settings(options: Mapping[str, str]) -> StreamSettings:
         ("driverHost", "driver_host"),
         ("endpointBindHost", "bind_host"),
         ("spoolDir", "spool_dir"),
+        ("pauseFile", "pause_file"),
     ):
         text = _get(options, key)
         if text:

@@ -26,6 +26,7 @@ from pgcdc.replication import (
     Reconnected,
     ReplicationSession,
     SlotActiveError,
+    SlotNotFoundError,
     StreamOptions,
     WalData,
 )
@@ -95,11 +96,16 @@ class Receiver:
             log.warning("receiver thread did not stop within %.0fs", timeout)
 
     def raise_if_failed(self) -> None:
-        if self.error is not None:
+        error = self.error
+        if error is not None:
+            if isinstance(error, SlotNotFoundError):  # its own fix: restarting would not do
+                raise SparkSourceError(
+                    f"the pgcdc receiver failed: {error.cause}", error.fix
+                ) from error
             raise SparkSourceError(
-                f"the pgcdc receiver failed: {self.error}",
+                f"the pgcdc receiver failed: {error}",
                 "see the driver log; restart the streaming query once the cause is fixed",
-            ) from self.error
+            ) from error
 
     def wait_connected(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -20,6 +20,10 @@ same transactions, decoded from the same pgoutput messages: the same rows, in th
 with the same positions. ``partitions`` waits for the receiver to reach the batch's end first;
 transactions at or below the start offset (sent again because the slot lagged) are skipped.
 
+While the ``pauseFile`` option's file exists, ``latestOffset`` plans no batch (after confirming
+the last committed one): a pipeline stopping between batches creates it, waits until no trigger
+is active and stops the query, even when batches follow each other without a pause.
+
 Read limits (Spark 4.2+): ``ReadMaxRows`` (``maxChangesPerTrigger``), ``ReadMaxBytes``
 (``maxBytesPerTrigger``), ``ReadMinRows`` (``minChangesPerTrigger``, at most
 ``maxTriggerDelay`` late) and ``ReadAllAvailable``; every batch holds at least one whole
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import signal
 import threading
 import time
@@ -329,6 +334,9 @@ class PgcdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # (its commit log written): acknowledge it now, since Spark calls commit() for a batch
         # only when it plans the next one with data, which may never come (AvailableNow)
         receiver.confirm_through(start_end, start_lsn)
+        pause = self.settings.pause_file
+        if pause is not None and os.path.exists(pause):
+            return start  # a stop between batches: plan none (the previous one is confirmed)
         max_rows, max_bytes, min_rows = self._limits(limit)
         target = rt.target
         if target is not None:
