@@ -58,7 +58,7 @@ def _last_merge(spark: Any, path: Path) -> tuple[str, dict[str, str]]:
 
     (commit,) = DeltaTable.forPath(spark, str(path)).history(1).collect()
     assert commit["operation"] == "MERGE"
-    assert json.loads(commit["userMetadata"]) == {"pgcdc": {"batch": commit["version"] - 1}}
+    assert json.loads(commit["userMetadata"]) == {"pgcdc": {"batch": commit["version"]}}
     return str(commit["operationParameters"]["predicate"]), dict(commit["operationMetrics"])
 
 

@@ -35,6 +35,15 @@ def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes], timeout: f
     raise AssertionError(f"{text!r} not in {log} after {timeout}s:\n{log.read_text()[-3000:]}")
 
 
+#: the work folder of each running cluster, by master URL
+_WORK: dict[str, Path] = {}
+
+
+def standalone_work(master: str) -> Path:
+    """The folder of a cluster's logs and its worker's work folder (``worker/``)."""
+    return _WORK[master]
+
+
 @pytest.fixture(scope="module")
 def standalone(spark_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``spark://127.0.0.1:<port>``: a master and one worker (2 cores) on loopback."""
@@ -48,6 +57,7 @@ def standalone(spark_home: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     )
     port = free_port()
     url = f"spark://127.0.0.1:{port}"
+    _WORK[url] = work
     spark_class = str(spark_home / "bin" / "spark-class")
     master_cmd = [
         spark_class, "org.apache.spark.deploy.master.Master",
@@ -128,3 +138,71 @@ def test_stream_and_snapshot_on_a_standalone_cluster(
     assert sorted(r["id"] for r in rows if r["op"] == "U") == list(range(1, 11))
     assert sorted(r["id"] for r in rows if r["op"] == "D") == list(range(11, 21))
     assert len({r["batch"] for r in rows}) >= 2  # maxChangesPerTrigger, whole transactions
+
+
+LAKE_CONFIG = """
+[source]
+dsn = {dsn}
+slot = "cluster_lake_slot"
+publication = "cluster_lake_pub"
+
+[lake]
+path = "lake"
+history = true
+changelog = true
+
+[spark]
+master = "{master}"
+driver_host = "127.0.0.1"
+
+[spark.conf]
+"spark.driver.bindAddress" = "127.0.0.1"
+"spark.executor.cores" = "1"
+"spark.cores.max" = "2"
+"spark.executor.memory" = "512m"
+"spark.sql.shuffle.partitions" = "2"
+
+[stream]
+max_changes_per_trigger = 400
+
+[[tables]]
+name = "public.lt"
+"""
+
+
+def test_pipeline_writes_the_lake_from_the_cluster_executors(
+    pg: PgDatabase, standalone: str, tmp_path: Path
+) -> None:
+    """``pgcdc run`` against the standalone cluster: the initial copy and every MERGE and append
+    run in the worker's executors (the driver of a standalone cluster runs no task), which get
+    Delta's connector through ``spark.jars`` from the driver."""
+    pg.execute("CREATE TABLE lt (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO lt SELECT g, 'v' || g FROM generate_series(1, 2000) g")
+    config = tmp_path / "pipeline.toml"
+    config.write_text(LAKE_CONFIG.format(dsn=json.dumps(pg.dsn()), master=standalone))
+    argv = [sys.executable, "-m", "pgcdc", "run", "--config", str(config)]
+
+    def run() -> str:
+        done = subprocess.run(
+            [*argv, "--until-caught-up", "--verify"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-5000:]
+        return done.stderr
+
+    assert "public.lt: equal; source 2000 rows" in run()
+    pg.execute("UPDATE lt SET v = v || '+' WHERE id % 3 = 0")
+    pg.execute("DELETE FROM lt WHERE id > 1900")
+    pg.execute("INSERT INTO lt SELECT g, 'new' FROM generate_series(3001, 3500) g")
+    assert "public.lt: equal; source 2400 rows" in run()
+    # the executors fetched Delta's jars from the driver and ran the lake's tasks
+    logs = "".join(
+        p.read_text(errors="replace")
+        for p in (standalone_work(standalone) / "worker").rglob("stderr")
+    )
+    assert "delta-spark_4.2_2.13" in logs
+    assert "Finished task" in logs

@@ -13,20 +13,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 
 from pgcdc import __version__
 
 __all__ = ["main"]
-
-#: delta-rs's allocator (the jemalloc built into the deltalake wheel, configured through this
-#: variable when it first allocates): give freed pages back to the system at once. By default
-#: they are kept for ten seconds, and the driver's memory climbed by about one MERGE's worth
-#: (hundreds of MB) per chunk of a large transaction; set before anything imports deltalake,
-#: and only if the user has not set it.
-os.environ.setdefault("_RJEM_MALLOC_CONF", "dirty_decay_ms:0,muzzy_decay_ms:0")
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -50,6 +50,8 @@ log = logging.getLogger("pgcdc.lake")
 #: pgcdc's metadata of a compaction's and a purge's commits
 COMPACT_METADATA = {"operation": "compact"}
 PURGE_METADATA = {"operation": "purge"}
+LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+VACUUM_LISTING_TASKS = 4
 #: per table path: when this process last vacuumed it / checked it for a purge (monotonic)
 _vacuumed: dict[str, float] = {}
 _purge_checked: dict[str, float] = {}
@@ -210,7 +212,14 @@ class Maintenance:
         due = self._due(_vacuumed, path, now)
         if due is None:
             return False
-        DeltaTable.forPath(spark, path).vacuum(float(self.vacuum_retention_hours))
+        # VACUUM lists the table's folder in this many Spark tasks (Spark's default for
+        # partition discovery, 10,000: a table's folder needs a few)
+        conf = spark.conf
+        conf.set(LISTING_PARALLELISM, str(VACUUM_LISTING_TASKS))
+        try:
+            DeltaTable.forPath(spark, path).vacuum(float(self.vacuum_retention_hours))
+        finally:
+            conf.unset(LISTING_PARALLELISM)
         with _lock:  # after it succeeded: a failed vacuum is tried again after the next batch
             _vacuumed[path] = due
         log.debug("vacuumed %s (retention %d hours)", name, self.vacuum_retention_hours)

@@ -662,7 +662,11 @@ def write_snapshot(
     read, then with ``(table id, mirror rows)`` as each table is committed."""
     result = SnapshotResult()
     started = time.monotonic()
-    outputs = snapshot_outputs(spark, reader, layout, tables, table_columns)
+    try:
+        outputs = snapshot_outputs(spark, reader, layout, tables, table_columns)
+    except BaseException:
+        remove_tables(layout, tables)  # those created before the one that failed
+        raise
     partitions = tuple(reader.partitions())
     tag = f"s{generation}-{uuid.uuid4().hex[:8]}"
     task = SnapshotTask(reader, partitions, outputs, consistent_point, started_at, tag)
@@ -707,6 +711,8 @@ def write_snapshot(
     except BaseException:
         _wait_for_tasks(spark)
         _remove_files_until_quiet(directories, tag, committed)
+        if not committed:  # the tables are still empty: a failed copy leaves nothing behind
+            remove_tables(layout, tables)
         raise
     _remove_files(directories, tag, committed)  # of task attempts that failed and were retried
     result.seconds = time.monotonic() - started
