@@ -8,7 +8,8 @@ runs it, process-tree memory sampling and the JSON result files.
 * ``PgcdcRun``: a ``pipeline.toml`` in a scratch folder and ``python -m pgcdc run`` in a
   subprocess (its own JVM and Spark, as a user runs it), timed, optionally with its process
   tree's memory sampled from ``/proc``.
-* ``write_result``: ``bench-results/<name>.json`` with the scale and the machine.
+* ``write_result``: ``bench-results/<name>.json`` with the scale and the machine
+  (``BENCH_RESULTS=<dir>``: another folder, for trial runs that must not replace results).
 * ``BENCH_PROFILE=<dir>``: every ``pgcdc run`` is recorded by ``py-spy record --subprocesses``
   (collapsed stacks in ``<dir>``; ``python -m tools.bench.profile <file>`` sums them up).
 * ``BENCH_SPARK_CONF='{"key": "value"}'``: Spark settings added to every ``pgcdc run`` (e.g.
@@ -43,7 +44,8 @@ import psycopg
 from pgcdc.cluster import Cluster, find_server
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS_DIR = ROOT / "bench-results"
+#: where results go: ``bench-results/``, or ``BENCH_RESULTS`` (a trial run's results kept apart)
+RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS") or ROOT / "bench-results")
 
 #: Server settings for bulk work (on top of the Cluster defaults: wal_level=logical, fsync off).
 BENCH_SETTINGS: Mapping[str, str] = {
@@ -189,8 +191,10 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def process_tree(pid: int) -> list[int]:
-    tree = _children()
+def process_tree(pid: int, tree: dict[int, list[int]] | None = None) -> list[int]:
+    """``pid`` and its descendants (``tree``: ``_children()``, read now when not given)."""
+    if tree is None:
+        tree = _children()
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -199,19 +203,42 @@ def process_tree(pid: int) -> list[int]:
     return out
 
 
-def _memory_kb(pid: int) -> tuple[int, int]:
-    """(RSS, PSS) of one process in kB (0, 0 if it is gone)."""
-    rss = pss = 0
+#: ``PF_FORKNOEXEC`` in ``/proc/<pid>/stat``'s flags: the process was forked and has not called
+#: exec since (the kernel sets it at fork, clears it at exec)
+_PF_FORKNOEXEC = 0x40
+
+
+@dataclass(frozen=True, slots=True)
+class _Memory:
+    """One process's memory in kB, from ``/proc/<pid>/smaps_rollup``."""
+
+    rss: int = 0
+    pss: int = 0
+    private: int = 0  # Private_Clean + Private_Dirty: pages no other process maps
+
+
+def _read_memory(pid: int) -> _Memory:
+    """(zeros if the process is gone)"""
     try:
         text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:
-        return 0, 0
+        return _Memory()
+    values: dict[str, int] = {}
     for line in text.splitlines():
-        if line.startswith("Rss:"):
-            rss = int(line.split()[1])
-        elif line.startswith("Pss:"):
-            pss = int(line.split()[1])
-    return rss, pss
+        key, _, rest = line.partition(":")
+        if key in ("Rss", "Pss", "Private_Clean", "Private_Dirty"):
+            values[key] = int(rest.split()[0])
+    return _Memory(
+        values.get("Rss", 0),
+        values.get("Pss", 0),
+        values.get("Private_Clean", 0) + values.get("Private_Dirty", 0),
+    )
+
+
+def _memory_kb(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of one process in kB (0, 0 if it is gone)."""
+    memory = _read_memory(pid)
+    return memory.rss, memory.pss
 
 
 def _name(pid: int) -> str:
@@ -221,11 +248,96 @@ def _name(pid: int) -> str:
         return "?"
 
 
+def _not_execed(pid: int) -> bool:
+    """Whether the process was forked and has not called exec since (``PF_FORKNOEXEC``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    flags = int(stat[stat.rfind(")") + 2 :].split()[6])
+    return bool(flags & _PF_FORKNOEXEC)
+
+
+def _forks_workers(pid: int) -> bool:
+    """Whether the process is one of Spark's Python worker daemons (``pyspark.daemon``), which
+    fork their workers for good: processes of their own that never exec."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(arg.endswith(b"pyspark.daemon") for arg in argv)
+
+
+@dataclass
+class TreeMemory:
+    """One sample of a process tree's memory in kB: the sums, each process kind's share
+    (``java``, ``python3``, ...; the root as ``driver (python)``), and the children counted once
+    with their parent because they were caught between fork and exec (see ``tree_memory``)."""
+
+    rss: int = 0
+    pss: int = 0
+    by_kind: dict[str, int] = field(default_factory=dict)
+    pre_exec: int = 0  # such children in the sample
+    pre_exec_rss: int = 0  # what they would have added to the RSS sum counted in full
+    pre_exec_kinds: set[str] = field(default_factory=set)  # "parent > child" process names
+
+
+def tree_memory(root: int) -> TreeMemory:
+    """The memory of ``root``'s process tree, each page counted as its processes' RSS counts it,
+    except for children caught between fork and exec.
+
+    A child between fork and exec (``PF_FORKNOEXEC``) is its parent's memory, not memory of its
+    own: after ``vfork`` or ``posix_spawn`` (``CLONE_VM``: how a JVM starts a process) it runs on
+    its parent's very address space, and after ``fork`` (how pyspark's driver starts the JVM,
+    with a ``preexec_fn``) on copy-on-write copies of its parent's pages, until exec replaces
+    them a moment later. ``smaps_rollup`` reports all of those pages for the child too, so a
+    sample that catches one counted its parent (the driver, or a JVM) twice. Such a child adds
+    only the pages it wrote since the fork (its private pages), and nothing when it shares its
+    parent's address space (one ``mm``: its figures read the same as its parent's, and most of
+    its pages are private, the parent's own, where a forked child's pages are still mostly
+    shared with its parent). The PSS sum gets the same rule (a ``CLONE_VM`` child's PSS
+    is its parent's whole PSS; a forked child's is its share of the pages, kept as is).
+
+    The exception to the exception: the workers that Spark's Python daemons (``pyspark.daemon``)
+    fork never exec; they are processes of their own, counted in full as before (RSS counts the
+    pages they share with their daemon in each; PSS splits them).
+    """
+    children = _children()
+    tree = process_tree(root, children)
+    parents = {pid: parent for parent, kids in children.items() for pid in kids}
+    sample = TreeMemory()
+    memory = {pid: _read_memory(pid) for pid in tree}
+    for pid in tree:
+        mine = memory[pid]
+        rss, pss = mine.rss, mine.pss
+        parent = parents.get(pid)
+        if pid != root and parent in memory and _not_execed(pid) and not _forks_workers(parent):
+            theirs = memory[parent]
+            # one address space: the same figures (read a moment apart, a running parent's
+            # may differ a little), and pages that no other address space maps; a forked
+            # child's pages are still mostly its parent's (shared), its private ones few
+            shared_mm = (mine.rss == theirs.rss and mine.pss == theirs.pss) or (
+                mine.private > mine.rss // 2
+            )
+            rss = 0 if shared_mm else mine.private
+            pss = 0 if shared_mm else mine.pss
+            sample.pre_exec += 1
+            sample.pre_exec_rss += mine.rss
+            sample.pre_exec_kinds.add(f"{_name(parent)} > {_name(pid)}")
+        sample.rss += rss
+        sample.pss += pss
+        kind = "driver (python)" if pid == root else _name(pid)
+        sample.by_kind[kind] = sample.by_kind.get(kind, 0) + rss
+    return sample
+
+
 @dataclass
 class MemorySampler:
-    """Samples the RSS and PSS (summed over the process tree of ``pid``) every ``interval``
-    seconds on a thread; ``peak_*`` are the largest sums seen, ``by_process`` each process
-    kind's largest RSS (java, python, ...)."""
+    """Samples the RSS and PSS (summed over the process tree of ``pid``, ``tree_memory``'s rule
+    for children caught between fork and exec) every ``interval`` seconds on a thread;
+    ``peak_*`` are the largest sums seen, ``by_process`` each process kind's largest RSS (java,
+    python, ...), ``pre_exec_*`` how often such a child was caught and the most it would have
+    added to the RSS sum counted in full."""
 
     pid: int
     interval: float = 0.2
@@ -233,6 +345,9 @@ class MemorySampler:
     peak_pss_kb: int = 0
     by_process: dict[str, int] = field(default_factory=dict)
     timeline: list[tuple[float, int]] = field(default_factory=list)
+    pre_exec_samples: int = 0
+    pre_exec_max_rss_kb: int = 0
+    pre_exec_kinds: dict[str, int] = field(default_factory=dict)  # samples per parent > child
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -249,19 +364,17 @@ class MemorySampler:
     def _loop(self) -> None:
         started = time.monotonic()
         while not self._stop.is_set():
-            rss = pss = 0
-            kinds: dict[str, int] = {}
-            for pid in process_tree(self.pid):
-                r, p = _memory_kb(pid)
-                rss += r
-                pss += p
-                kind = "driver (python)" if pid == self.pid else _name(pid)
-                kinds[kind] = kinds.get(kind, 0) + r
-            self.peak_rss_kb = max(self.peak_rss_kb, rss)
-            self.peak_pss_kb = max(self.peak_pss_kb, pss)
-            for kind, value in kinds.items():
+            sample = tree_memory(self.pid)
+            self.peak_rss_kb = max(self.peak_rss_kb, sample.rss)
+            self.peak_pss_kb = max(self.peak_pss_kb, sample.pss)
+            for kind, value in sample.by_kind.items():
                 self.by_process[kind] = max(self.by_process.get(kind, 0), value)
-            self.timeline.append((round(time.monotonic() - started, 2), rss))
+            if sample.pre_exec:
+                self.pre_exec_samples += 1
+                self.pre_exec_max_rss_kb = max(self.pre_exec_max_rss_kb, sample.pre_exec_rss)
+                for kind in sample.pre_exec_kinds:
+                    self.pre_exec_kinds[kind] = self.pre_exec_kinds.get(kind, 0) + 1
+            self.timeline.append((round(time.monotonic() - started, 2), sample.rss))
             self._stop.wait(self.interval)
 
 
@@ -317,6 +430,9 @@ class RunOutcome:
     peak_rss_kb: int = 0
     peak_pss_kb: int = 0
     rss_by_process_kb: dict[str, int] = field(default_factory=dict)
+    #: samples that caught a child between fork and exec, and the most it would have added
+    pre_exec_samples: int = 0
+    pre_exec_max_rss_kb: int = 0
 
     @property
     def snapshot_seconds(self) -> float | None:
@@ -446,6 +562,8 @@ class PgcdcRun:
             outcome.peak_rss_kb = sampler.peak_rss_kb
             outcome.peak_pss_kb = sampler.peak_pss_kb
             outcome.rss_by_process_kb = dict(sampler.by_process)
+            outcome.pre_exec_samples = sampler.pre_exec_samples
+            outcome.pre_exec_max_rss_kb = sampler.pre_exec_max_rss_kb
         return outcome
 
     def start(self) -> subprocess.Popen[bytes]:

@@ -8,7 +8,9 @@ the size (0.25, 0.5, 1 and 2 GB at scale 1), and ``pgcdc run --until-caught-up``
 ``local[2]``, Spark's default 1 GB driver heap) applies it while a sampler reads
 ``/proc/<pid>/smaps_rollup`` of every process in its tree (the Python driver, the JVM, Spark's
 Python workers) every 0.2 s. The peak of the summed RSS is the figure (PSS, which counts shared
-pages once, is recorded too).
+pages once, is recorded too); a child caught between fork and exec (pyspark's driver starting
+the JVM, a JVM starting a Python worker) is counted once with its parent
+(``harness.tree_memory``), where results before counted such a sample's parent twice.
 
 Streaming: pgcdc's receiver always asks for ``streaming 'on'`` (pgoutput protocol 2+), so
 whether the pipeline gets the transaction in pieces while it is decoded is the server's choice:
@@ -159,6 +161,9 @@ def measure(
                             k: v * 1024 for k, v in run.rss_by_process_kb.items()
                         },
                         "changes": run.stream_changes,
+                        # children caught between fork and exec, counted once (harness)
+                        "pre_exec_samples": run.pre_exec_samples,
+                        "pre_exec_discounted_max_bytes": run.pre_exec_max_rss_kb * 1024,
                         "failed": error,
                     }
                 )

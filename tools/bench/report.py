@@ -1,6 +1,6 @@
 """`make bench-report`: the benchmarks' JSON results as one markdown table and one plot.
 
-Reads ``bench-results/{decode,catchup,snapshot,memory,latency}.json`` (whichever exist) and
+Reads ``bench-results/{decode,catchup,snapshot,memory,latency,scale}.json`` (whichever exist) and
 writes ``bench-results/README.md`` (figure, pgcdc, anchor, ratio, goal, met?, what limits it,
 and the scale each was measured at) and ``bench-results/bench.png`` (matplotlib, Agg). Every
 ratio is pgcdc beside its anchor in the same run, on the same machine and data.
@@ -16,7 +16,7 @@ from typing import Any
 
 from tools.bench.harness import RESULTS_DIR
 
-BENCHMARKS = ("decode", "catchup", "snapshot", "memory", "latency")
+BENCHMARKS = ("decode", "catchup", "snapshot", "memory", "latency", "scale")
 
 #: What limits each figure, from profiling (py-spy on the driver and the Python workers, the
 #: pipeline's INFO log); the JSON may carry its own ``limits`` text instead.
@@ -104,6 +104,9 @@ LIMITS = {
 }
 
 
+LIMITS["scale"] = "not profiled yet (the JSON has each batch's duration and bytes)"
+
+
 def _load(directory: Path) -> dict[str, dict[str, Any]]:
     out = {}
     for name in BENCHMARKS:
@@ -124,6 +127,17 @@ def _kind(name: str) -> str:
 def _ordered(results: dict[str, dict[str, Any]]) -> list[str]:
     """Result names in the table's order: each benchmark, then its variants."""
     return [n for b in BENCHMARKS for n in results if _kind(n) == b]
+
+
+def _bytes(n: float) -> str:
+    """Bytes in the unit that suits them (KiB below 1 MiB)."""
+    return (
+        f"{n / 2**10:,.0f} KiB"
+        if n < 2**20
+        else _size(n)
+        if n >= 2**30
+        else f"{n / 2**20:,.1f} MiB"
+    )
 
 
 def _rate(value: float, unit: str) -> str:
@@ -238,19 +252,121 @@ def _row_memory(d: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _seconds(stats: dict[str, Any], digits: int = 2) -> str:
+    """p50, p99 and max of a ``tools.bench.scale.stats`` dict."""
+    if not stats or stats.get("p50") is None:
+        return "none measured"
+    return (
+        f"p50 {stats['p50']:.{digits}f} s, p99 {stats['p99']:.{digits}f} s "
+        f"(max {stats['max']:.{digits}f} s)"
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.1f}x" if a is not None and b else "–"
+
+
+def _mixed_label(r: dict[str, Any]) -> str:
+    w = r["workload"]
+    return (
+        f"{w['achieved_changes_per_second']:,.0f} changes/s (target "
+        f"{w['target_changes_per_second']:,.0f}; 70/20/10 updates/inserts/deletes of random "
+        f"keys, {w['changes_per_transaction']} a transaction) for {w['seconds']:.0f} s on "
+        f"{r['rows']:,} rows"
+    )
+
+
 def _row_latency(d: dict[str, Any]) -> list[list[str]]:
-    lat = d["latency_seconds"]
-    return [
-        [
-            f"Steady state: {d['achieved_changes_per_second']:,.0f} changes/s "
-            f"(target {d['target_changes_per_second']:,.0f}) for {d['seconds']:.0f} s",
-            f"p50 {lat['p50']:.2f} s, p99 {lat['p99']:.2f} s (max {lat['max']:.2f} s)",
-            "–",
-            "–",
-            "p99 < 2 s",
-            _met(d["goals"]["p99_met"]),
+    rows = []
+    if "latency_seconds" in d:
+        lat = d["latency_seconds"]
+        rows.append(
+            [
+                f"Steady state: {d['achieved_changes_per_second']:,.0f} changes/s "
+                f"(target {d['target_changes_per_second']:,.0f}) for {d['seconds']:.0f} s",
+                f"p50 {lat['p50']:.2f} s, p99 {lat['p99']:.2f} s (max {lat['max']:.2f} s)",
+                "–",
+                "–",
+                "p99 < 2 s",
+                _met(d["goals"]["p99_met"]),
+            ]
+        )
+    m = d.get("mixed")
+    if m:
+        lat, nat = m["latency_seconds"], m["native_lag_seconds"]
+        row = [
+            f"Steady state, mixed: {_mixed_label(m)}",
+            f"commit-to-lake {_seconds(lat)}",
+            f"native subscriber's lag: {_seconds(nat, 3)}",
+            f"{_ratio(lat['p99'], nat['p99'])} the p99",
+            f"p99 < {m['goals']['p99_below']:g} s",
+            _met(m["goals"]["p99_met"]),
+            m.get("limits") or LIMITS["scale"],
         ]
-    ]
+        if "scale" in m and m["scale"] != d.get("scale"):
+            row[0] += f" (scale {m['scale']:g})"
+        rows.append(row)
+    return rows
+
+
+def _row_scale(d: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    runs = d["sizes"]
+    goals = d["goals"]
+    for r in runs:
+        lat, nat, b, lake = r["latency_seconds"], r["native_lag_seconds"], r["batches"], r["lake"]
+        largest = r is runs[-1]
+        rows.append(
+            [
+                f"Scale: {_mixed_label(r)}",
+                f"commit-to-lake {_seconds(lat)}",
+                f"native subscriber's lag: {_seconds(nat, 3)}",
+                f"{_ratio(lat['p99'], nat['p99'])} the p99",
+                f"p99 < {goals['p99_below']:g} s at {goals['p99_at_rows']:,} rows"
+                if largest
+                else "–",
+                _met(goals["p99_met"]) if largest else "–",
+            ]
+        )
+        per_change = b["bytes_per_change"]["p50"]
+        rows.append(
+            [
+                f"Scale: batches and lake at {r['rows']:,} rows",
+                f"{b['count']} batches: {_seconds(b['seconds'])}; written per batch (median) "
+                f"{_bytes(b['bytes']['p50'] or 0)} for {b['changes']['p50'] or 0:,.0f} changes "
+                f"({per_change or 0:,.0f} bytes a change); lake growth "
+                f"{_bytes(lake['growth_bytes_per_hour'])} an hour; peak RSS "
+                f"{_size(r['memory']['peak_rss_bytes'])}",
+                f"changed bytes: {_bytes(lake['changed_bytes_per_hour'])} an hour "
+                f"({r['row_bytes']:.0f} bytes a row)",
+                f"growth {lake['growth_to_changed']:.1f}x the changed bytes"
+                if lake["growth_to_changed"] is not None
+                else "–",
+                f"growth <= {goals['growth_to_changed_at_most']:g}x" if largest else "–",
+                _met(goals["growth_met"]) if largest else "–",
+            ]
+        )
+    if len(runs) > 1:
+        small, large = runs[0], runs[-1]
+        seconds = d["ratio_batch_seconds_largest_to_smallest"]
+        per_change = d["ratio_bytes_per_change_largest_to_smallest"]
+        rows.append(
+            [
+                f"Scale: {small['rows']:,} -> {large['rows']:,} rows (median batch)",
+                f"duration {small['batches']['seconds']['p50'] or 0:.2f} -> "
+                f"{large['batches']['seconds']['p50'] or 0:.2f} s; bytes a change "
+                f"{small['batches']['bytes_per_change']['p50'] or 0:,.0f} -> "
+                f"{large['batches']['bytes_per_change']['p50'] or 0:,.0f}",
+                "–",
+                ("–" if seconds is None else f"{seconds:.2f}x")
+                + " / "
+                + ("–" if per_change is None else f"{per_change:.2f}x"),
+                f"<= {goals['batch_seconds_ratio_at_most']:g}x / "
+                f"<= {goals['bytes_per_change_ratio_at_most']:g}x",
+                f"{_met(goals['batch_seconds_met'])} / {_met(goals['bytes_per_change_met'])}",
+            ]
+        )
+    return rows
 
 
 ROWS: dict[str, Callable[[dict[str, Any]], list[list[str]]]] = {
@@ -259,6 +375,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[list[str]]]] = {
     "snapshot": _row_snapshot,
     "memory": _row_memory,
     "latency": _row_latency,
+    "scale": _row_scale,
 }
 
 
@@ -268,7 +385,8 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
         "# pgcdc benchmarks",
         "",
         "`make bench` (each alone: `make bench-decode`, `bench-catchup`, `bench-snapshot`, "
-        "`bench-memory`, `bench-latency`; then `make bench-report`). Every ratio is measured "
+        "`bench-memory`, `bench-latency`, `bench-scale`; then `make bench-report`). Every "
+        "ratio is measured "
         "beside its anchor in the same run, on the same machine and data; absolute times on a "
         "shared machine are noise. Scale 1 is the full sizes of the issue; a smaller scale "
         "shrinks every size (rows, bytes, seconds) by that factor. Benchmarks never fail CI.",
@@ -304,12 +422,12 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, grid = plt.subplots(2, 3, figsize=(18, 10))
+    fig, grid = plt.subplots(2, 4, figsize=(24, 10))
     axes = list(grid.flat)
-    axes[5].axis("off")
+    axes[7].axis("off")
     notes = [f"{name}: scale {_scale(data)}, {data.get('measured_at', '?')}"
              for name, data in results.items()]  # fmt: skip
-    axes[5].text(0, 1, "pgcdc benchmarks (ratios: same run, same machine)\n\n" + "\n".join(notes),
+    axes[7].text(0, 1, "pgcdc benchmarks (ratios: same run, same machine)\n\n" + "\n".join(notes),
                  va="top", fontsize=10, family="monospace")  # fmt: skip
     blue, grey, green = "#1f77b4", "#999999", "#2ca02c"
 
@@ -413,17 +531,70 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
 
     d = results.get("latency")
     if d:
-        lat = d["latency_seconds"]
-        bars(axes[4], ["p50", "p90", "p99", "max"], [lat[k] for k in ("p50", "p90", "p99", "max")],
-             [blue] * 4)  # fmt: skip
-        axes[4].axhline(2.0, color="red", linestyle="--", label="goal p99 2 s")
-        axes[4].set_ylabel("commit-to-lake seconds")
-        axes[4].legend(fontsize=8)
-        axes[4].set_title(
-            f"Latency at {d['achieved_changes_per_second']:,.0f} changes/s, scale {_scale(d)}"
-        )
+        ax = axes[4]
+        quantiles = ("p50", "p90", "p99", "max")
+        lines = []
+        if "latency_seconds" in d:
+            lines.append((f"inserts, {d['achieved_changes_per_second']:,.0f}/s",
+                          d["latency_seconds"], blue))  # fmt: skip
+        if d.get("mixed"):
+            m = d["mixed"]
+            lines.append((f"mixed, {m['workload']['achieved_changes_per_second']:,.0f}/s, "
+                          f"{m['rows']:,} rows", m["latency_seconds"], green))  # fmt: skip
+            lines.append(("mixed: native subscriber", m["native_lag_seconds"], grey))
+        width = 0.8 / max(len(lines), 1)
+        for i, (label, lat, color) in enumerate(lines):
+            xs = [q + (i - (len(lines) - 1) / 2) * width for q in range(len(quantiles))]
+            ax.bar(xs, [lat[k] or 0 for k in quantiles], width, color=color, label=label)
+        ax.set_xticks(range(len(quantiles)), quantiles)
+        if "latency_seconds" in d:
+            ax.axhline(2.0, color="red", linestyle="--", label="goal p99 2 s (inserts)")
+        if d.get("mixed"):
+            goal = d["mixed"]["goals"]["p99_below"]
+            ax.axhline(goal, color="orange", linestyle="--", label=f"goal p99 {goal:g} s (mixed)")
+        ax.set_ylabel("commit-to-lake seconds")
+        ax.legend(fontsize=8)
+        ax.set_title(f"Latency, scale {_scale(d)}")
     else:
         empty(axes[4], "Latency")
+
+    d = results.get("scale")
+    if d:
+        ax = axes[5]
+        runs = d["sizes"]
+        labels = [f"{r['rows']:,} rows" for r in runs]
+        for i, (key, name, color) in enumerate(
+            (("latency_seconds", "pgcdc", blue), ("native_lag_seconds", "native subscriber", grey))
+        ):
+            xs = [j + (i - 0.5) * 0.4 for j in range(len(runs))]
+            ax.bar(xs, [r[key]["p99"] or 0 for r in runs], 0.4, color=color,
+                   label=f"{name} p99")  # fmt: skip
+            ax.plot(xs, [r[key]["p50"] or 0 for r in runs], "o", color="black",
+                    label="p50" if i == 0 else None)  # fmt: skip
+        ax.set_xticks(range(len(runs)), labels)
+        ax.axhline(d["goals"]["p99_below"], color="red", linestyle="--",
+                   label=f"goal p99 {d['goals']['p99_below']:g} s")  # fmt: skip
+        ax.set_ylabel("commit-to-subscriber seconds")
+        ax.legend(fontsize=8)
+        ax.set_title(f"Scale: mixed workload, {d['rate']:,.0f} changes/s, scale {_scale(d)}")
+
+        ax = axes[6]
+        xs = list(range(len(runs)))
+        ax.bar([x - 0.2 for x in xs], [r["batches"]["seconds"]["p50"] or 0 for r in runs], 0.4,
+               color=blue, label="median batch seconds")  # fmt: skip
+        ax.set_ylabel("median batch seconds")
+        ax.set_xticks(xs, labels)
+        twin = ax.twinx()
+        per_change = [r["batches"]["bytes_per_change"]["p50"] or 0 for r in runs]
+        twin.bar([x + 0.2 for x in xs], per_change, 0.4, color=green,
+                 label="median bytes written a change")  # fmt: skip
+        twin.set_ylabel("bytes written per change (median batch)")
+        handles = ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+        ax.legend(handles=handles, fontsize=8, loc="upper left")
+        ax.set_title("Scale: batch duration and bytes per change (goal: <= 1.5x)")
+    else:
+        empty(axes[5], "Scale")
+        empty(axes[6], "Scale: batches")
 
     fig.tight_layout()
     fig.savefig(path, dpi=90)
