@@ -18,7 +18,7 @@ publication = "pgcdc_shop"
 [lake]
 path = "lake"
 history = true
-bytes_per_commit = "64MB"
+purge_deleted_share = 0.4
 
 [spark]
 master = "spark://10.0.0.1:7077"
@@ -46,7 +46,7 @@ def test_good_config(tmp_path: Path) -> None:
     assert config.lake.path == (tmp_path / "lake").resolve()
     assert config.spark.conf == {"spark.executor.memory": "2g", "spark.speculation": "false"}
     assert config.stream.max_changes_per_trigger == 5000
-    assert (config.lake.rows_per_commit, config.lake.bytes_per_commit) == (250_000, 64 << 20)
+    assert config.lake.maintenance().purge_deleted_share == 0.4
     index, orders = config.table_settings("shop", "orders") or (None, None)
     assert index == 1 and orders is not None
     combined = orders.combined_filter()
@@ -75,7 +75,7 @@ def test_errors_name_the_key() -> None:
     found = problems(
         {
             "source": {"slot": "Bad-Slot", "publication": "p"},
-            "lake": {"path": "s3://bucket/lake", "rows_per_commit": 10, "bytes_per_commit": "1x"},
+            "lake": {"path": "s3://bucket/lake", "rows_per_commit": 10, "purge_deleted_share": 2},
             "spark": {"master": "localhost"},
             "stream": {"max_changes_per_trigger": 0},
             "tables": [
@@ -89,8 +89,9 @@ def test_errors_name_the_key() -> None:
     )
     assert "valid slot name" in found["source.slot"]
     assert "only local" in found["lake.path"]
-    assert "greater than or equal to 100" in found["lake.rows_per_commit"]
-    assert "is not a size" in found["lake.bytes_per_commit"]
+    # a key of the earlier writer: gone, and said why
+    assert "no longer used" in found["lake.rows_per_commit"]
+    assert "less than or equal to 1" in found["lake.purge_deleted_share"]
     assert "not a Spark master URL" in found["spark.master"]
     assert "greater than 0" in found["stream.max_changes_per_trigger"]
     assert "3 dot-separated parts" in found["tables[0].name"]
@@ -232,3 +233,8 @@ def test_lake_path_at_a_file_names_the_key_and_the_fix(
     assert "is a file, not a folder" in out, out
     assert "point lake.path at a folder" in out, out
     assert "state.json" not in out and "Not a directory" not in out, out
+
+
+def test_spark_connect_is_refused_for_a_pipeline() -> None:
+    found = problems({**BASE, "spark": {"master": "sc://localhost:15002"}})
+    assert "Spark Connect" in found["spark.master"] and "local[*]" in found["spark.master"]

@@ -1,17 +1,20 @@
 """Lakehouse tables from PostgreSQL changes: the pipeline behind ``pgcdc run`` and ``pgcdc demo``.
 
 Layer: uses ``pgcdc.spark`` (the source), ``pgcdc.filters``, ``pgcdc.replication`` and below.
-Transformations (ordering, per-key reduction, history rows, casts, routing) run in Spark; each
-Delta commit goes through delta-rs (``deltalake``) with an application transaction
-``(app id, version)`` so a replayed batch is skipped, never applied twice.
+Transformations (ordering, per-key reduction, history rows, casts, routing) run in Spark, and
+every table is written by Delta Lake's own Spark connector on the executors (MERGE with
+deletion vectors, appends; ``pgcdc.lake.delta``), each commit with an application transaction
+``(app id, version)`` so a replayed batch is skipped, never applied twice. delta-rs
+(``deltalake``) only reads the tables (status, verification).
 
 Tables, per source table ``schema.table`` (``tables.encode_name`` makes names path-safe):
 
 ``<lake>/<schema>/<table>``: the mirror (SCD type 1)
     the source's columns, plus ``__commit_lsn`` (long) and ``__commit_time`` (timestamp) of
     the change that last wrote the row (the consistent point / snapshot time for copied rows).
-    One row per key (primary key, replica identity index, or every column under REPLICA
-    IDENTITY FULL without a primary key).
+    One row per key (primary key, replica identity index); a table without either (REPLICA
+    IDENTITY FULL) has one row per copy of its rows, told apart by ``__row_id``
+    (``pgcdc.lake.multiset``).
 ``<lake>/<schema>/<table>.history``: the history (SCD type 2), if ``history = true``
     the source's columns, plus ``__start_lsn``, ``__start_at``, ``__end_lsn``, ``__end_at``
     (NULL while current), ``__is_current``, ``__start_op`` ('S' snapshot, 'I' insert, 'U'

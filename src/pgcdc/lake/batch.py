@@ -295,6 +295,8 @@ class LakeBatchWriter:
                 return missing_values(dsn, table, types)
 
         columns: Sequence[str] = [*names, ROW_ID] if table.multiset else names
+        # only INSERTs: the Delta tables' keys are new, the rows are appended without a MERGE
+        inserts_only = not (info.updates or info.deletes or info.truncates)
         resolved = None
         if "mirror" in wanted or "history" in wanted:
             events = table_events(df, table, column, names)
@@ -331,6 +333,7 @@ class LakeBatchWriter:
                         columns,
                         mirror=paths["mirror"],
                         overview=info,
+                        inserts_only=inserts_only,
                         app_id=self.app_id,
                         version=batch_id,
                         metadata=metadata,
@@ -344,6 +347,7 @@ class LakeBatchWriter:
                         table,
                         columns,
                         truncated=bool(info.truncates),
+                        inserts_only=inserts_only,
                         app_id=self.app_id,
                         version=batch_id,
                         metadata=metadata,

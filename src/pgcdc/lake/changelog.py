@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pgcdc.lake.changes import image_columns, lake_image, quote_column
-from pgcdc.lake.delta import user_metadata
-from pgcdc.lake.schema_evolution import Defaults, Images, conform, evolve
+from pgcdc.lake.delta import append_rows
+from pgcdc.lake.schema_evolution import Defaults, Images, evolve
 from pgcdc.lake.tables import (
     CL_COMMIT_LSN,
     CL_COMMIT_LSN_TEXT,
@@ -88,7 +88,6 @@ def append_changelog(
     defaults: Defaults | None = None,
 ) -> None:
     """Append a batch's changelog rows (a Spark DataFrame) in one commit."""
-    from pyspark.sql import functions as F
 
     evolve(
         spark,
@@ -100,25 +99,4 @@ def append_changelog(
         defaults=defaults,
         images=IMAGES,
     )
-    stored = spark.read.format("delta").load(path).schema
-    # in the table's types and order (a dropped column's values are NULL from now on, in old
-    # images too)
-    have = {f.name: f.dataType for f in rows.schema.fields}
-    aligned = rows.select(
-        *[
-            (
-                conform(F.col(quote_column(f.name)), have[f.name], f.dataType)
-                if f.name in have
-                else F.lit(None).cast(f.dataType)
-            ).alias(f.name)
-            for f in stored.fields
-        ]
-    )
-    (
-        aligned.write.format("delta")
-        .mode("append")
-        .option("txnAppId", app_id)
-        .option("txnVersion", str(int(version)))
-        .option("userMetadata", user_metadata(metadata))
-        .save(path)
-    )
+    append_rows(spark, path, rows, app_id=app_id, version=version, metadata=metadata)

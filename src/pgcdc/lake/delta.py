@@ -45,12 +45,16 @@ __all__ = [
     "DELTA_PACKAGE",
     "DELTA_VERSION",
     "AddedFile",
+    "append_rows",
     "cache_level",
     "commit_files",
+    "conform",
     "connector_jars",
     "create_table",
     "delta_settings",
+    "grows",
     "is_delta_table",
+    "plain_type",
     "quote_name",
     "stats_json",
     "table_schema",
@@ -149,6 +153,99 @@ def cache_level() -> Any:
     from pyspark import StorageLevel
 
     return StorageLevel.MEMORY_AND_DISK
+
+
+def plain_type(dtype: Any) -> Any:
+    """A Spark type with every nested field nullable and without field metadata (what two
+    schemas are compared by)."""
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.StructType):
+        return T.StructType([T.StructField(f.name, plain_type(f.dataType), True) for f in dtype])
+    if isinstance(dtype, T.ArrayType):
+        return T.ArrayType(plain_type(dtype.elementType), True)
+    if isinstance(dtype, T.MapType):
+        return T.MapType(plain_type(dtype.keyType), plain_type(dtype.valueType), True)
+    return dtype
+
+
+def grows(current: Any, wanted: Any) -> bool:
+    """Whether ``wanted`` is ``current`` with fields added to (nested) structs only: what
+    Delta adds to a table's schema without rewriting it."""
+    from pyspark.sql import types as T
+
+    if isinstance(current, T.StructType) and isinstance(wanted, T.StructType):
+        have = {f.name: f.dataType for f in wanted.fields}
+        return all(f.name in have and grows(f.dataType, have[f.name]) for f in current.fields)
+    if isinstance(current, T.ArrayType) and isinstance(wanted, T.ArrayType):
+        return grows(current.elementType, wanted.elementType)
+    if isinstance(current, T.MapType) and isinstance(wanted, T.MapType):
+        return grows(current.keyType, wanted.keyType) and grows(current.valueType, wanted.valueType)
+    return bool(plain_type(current) == plain_type(wanted))
+
+
+def conform(column: Any, current: Any, wanted: Any) -> Any:
+    """``column`` (of Spark type ``current``) as type ``wanted``: struct fields matched by
+    name (a field ``current`` lacks is NULL, one ``wanted`` lacks is left out), everything
+    else cast."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if plain_type(current) == plain_type(wanted):
+        return column
+    if isinstance(current, T.StructType) and isinstance(wanted, T.StructType):
+        have = {f.name: f.dataType for f in current.fields}
+        fields = [
+            (
+                conform(column.getField(f.name), have[f.name], f.dataType)
+                if f.name in have
+                else F.lit(None).cast(f.dataType)
+            ).alias(f.name)
+            for f in wanted.fields
+        ]
+        return F.when(column.isNotNull(), F.struct(*fields))
+    if isinstance(current, T.ArrayType) and isinstance(wanted, T.ArrayType):
+        return F.transform(
+            column, lambda element: conform(element, current.elementType, wanted.elementType)
+        )
+    return column.cast(wanted)
+
+
+def append_rows(
+    spark: Any,
+    path: Path | str,
+    rows: Any,
+    *,
+    app_id: str,
+    version: int,
+    metadata: Mapping[str, Any],
+) -> None:
+    """Append ``rows`` (a Spark DataFrame) to the Delta table at ``path`` in one commit tagged
+    with the application transaction ``(app_id, version)`` (a replayed append is skipped), in
+    the table's column order and types: a column the rows lack is NULL (a source column dropped
+    since, kept by the table), struct fields are matched by name."""
+    from pyspark.sql import functions as F
+
+    stored = table_schema(spark, path)
+    have = {f.name: f.dataType for f in rows.schema.fields}
+    aligned = rows.select(
+        *[
+            (
+                conform(F.col(quote_name(f.name)), have[f.name], f.dataType)
+                if f.name in have
+                else F.lit(None).cast(f.dataType)
+            ).alias(f.name)
+            for f in stored.fields
+        ]
+    )
+    (
+        aligned.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", str(int(version)))
+        .option("userMetadata", user_metadata(metadata))
+        .save(str(path))
+    )
 
 
 def quote_name(name: str) -> str:

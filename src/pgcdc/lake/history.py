@@ -44,7 +44,7 @@ from pgcdc.lake.changes import (
     quote_column,
     value_column,
 )
-from pgcdc.lake.delta import is_delta_table, tagged
+from pgcdc.lake.delta import append_rows, is_delta_table, tagged
 from pgcdc.lake.mirror import SRC, TGT, key_condition
 from pgcdc.lake.schema_evolution import Defaults, evolve
 from pgcdc.lake.tables import (
@@ -227,6 +227,7 @@ def merge_history(
     *,
     mirror: str,
     overview: TableOverview,
+    inserts_only: bool = False,
     app_id: str,
     version: int,
     metadata: dict[str, Any],
@@ -234,7 +235,8 @@ def merge_history(
 ) -> None:
     """Apply a batch's ``history_rows`` (a Spark DataFrame) to the history table in one commit,
     with Delta's MERGE on the executors; unchanged values come from the mirror at ``mirror``
-    (not yet written by this batch)."""
+    (not yet written by this batch). ``inserts_only`` (the batch only inserted rows of the
+    table): every row is a new version of a key without one, appended."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -248,6 +250,12 @@ def merge_history(
         stats_columns=table.stats_columns("history"),
         defaults=defaults,
     )
+    if inserts_only:
+        versions = rows.where(F.col(ACTION) == "insert").drop(
+            ACTION, *[c for c in rows.columns if c.startswith((KEEP_PREFIX, ROOT_PREFIX))]
+        )
+        append_rows(spark, path, versions, app_id=app_id, version=version, metadata=metadata)
+        return
     if any(c.startswith(KEEP_PREFIX) for c in rows.columns):
         stored = spark.read.format("delta").load(mirror) if is_delta_table(spark, mirror) else None
         rows = fill_from_stored(rows, stored, keys, columns, foreign_only=False)

@@ -43,7 +43,7 @@ from pgcdc.lake.changes import (
     quote_column,
     value_column,
 )
-from pgcdc.lake.delta import tagged
+from pgcdc.lake.delta import append_rows, tagged
 from pgcdc.lake.schema_evolution import Defaults, evolve
 from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME, LakeTable
 from pgcdc.lake.toast import ROOT_PREFIX, fill_from_stored, keep_flag, root_column
@@ -164,7 +164,7 @@ def summarize(rows: Any, keys: Sequence[str]) -> tuple[Any | None, datetime | No
     from pyspark.sql import functions as F
 
     first = keys[0]
-    ranged = _ranged(rows.schema[first].dataType)
+    ranged = _ranged(rows.schema[first].dataType) and OP_COLUMN in rows.columns
     column = F.col(quote_column(first))
     aggregates = [F.max(F.col(COMMIT_TIME))]
     if ranged:
@@ -197,13 +197,19 @@ def merge_mirror(
     columns: Sequence[str],
     *,
     truncated: bool,
+    inserts_only: bool = False,
     app_id: str,
     version: int,
     metadata: dict[str, Any],
     defaults: Defaults | None = None,
 ) -> datetime | None:
     """Apply a batch's ``mirror_rows`` (a Spark DataFrame) to the mirror in one commit, with
-    Delta's MERGE on the executors; the newest commit time among the rows."""
+    Delta's MERGE on the executors; the newest commit time among the rows.
+
+    ``inserts_only``: the batch holds only INSERTs of the table (no UPDATE, DELETE or
+    TRUNCATE), whose keys the mirror cannot hold (the source's key is unique, and the mirror
+    held the source's rows before the batch): the rows are appended, without reading the
+    table."""
     keys = table.row_keys
     evolve(
         spark,
@@ -214,6 +220,12 @@ def merge_mirror(
         stats_columns=table.stats_columns("mirror"),
         defaults=defaults,
     )
+    if inserts_only:
+        rows = rows.select(*[quote_column(c) for c in (*columns, COMMIT_LSN, COMMIT_TIME)])
+        rows = rows.localCheckpoint(eager=True)  # the summary and the append read it
+        _, newest = summarize(rows, keys)
+        append_rows(spark, path, rows, app_id=app_id, version=version, metadata=metadata)
+        return newest
     stored = spark.read.format("delta").load(path)
     rows = fill_from_stored(rows, stored, keys, columns, foreign_only=True)
     rows = rows.drop(*[c for c in rows.columns if c.startswith(ROOT_PREFIX)])

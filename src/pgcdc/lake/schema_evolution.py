@@ -36,7 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from pgcdc.lake.changes import quote_column
-from pgcdc.lake.delta import create_table, is_delta_table, table_schema, user_metadata
+from pgcdc.lake.delta import (
+    conform,
+    create_table,
+    grows,
+    is_delta_table,
+    plain_type,
+    table_schema,
+    user_metadata,
+)
 
 __all__ = [
     "Defaults",
@@ -55,62 +63,6 @@ log = logging.getLogger("pgcdc.lake")
 
 class SchemaEvolutionError(RuntimeError):
     """A Delta table cannot follow its source table's schema change."""
-
-
-def plain_type(dtype: Any) -> Any:
-    """A Spark type with every nested field nullable and without field metadata (what two
-    schemas are compared by)."""
-    from pyspark.sql import types as T
-
-    if isinstance(dtype, T.StructType):
-        return T.StructType([T.StructField(f.name, plain_type(f.dataType), True) for f in dtype])
-    if isinstance(dtype, T.ArrayType):
-        return T.ArrayType(plain_type(dtype.elementType), True)
-    if isinstance(dtype, T.MapType):
-        return T.MapType(plain_type(dtype.keyType), plain_type(dtype.valueType), True)
-    return dtype
-
-
-def grows(current: Any, wanted: Any) -> bool:
-    """Whether ``wanted`` is ``current`` with fields added to (nested) structs only: what
-    Delta adds to a table's schema without rewriting it."""
-    from pyspark.sql import types as T
-
-    if isinstance(current, T.StructType) and isinstance(wanted, T.StructType):
-        have = {f.name: f.dataType for f in wanted.fields}
-        return all(f.name in have and grows(f.dataType, have[f.name]) for f in current.fields)
-    if isinstance(current, T.ArrayType) and isinstance(wanted, T.ArrayType):
-        return grows(current.elementType, wanted.elementType)
-    if isinstance(current, T.MapType) and isinstance(wanted, T.MapType):
-        return grows(current.keyType, wanted.keyType) and grows(current.valueType, wanted.valueType)
-    return bool(plain_type(current) == plain_type(wanted))
-
-
-def conform(column: Any, current: Any, wanted: Any) -> Any:
-    """``column`` (of Spark type ``current``) as type ``wanted``: struct fields matched by
-    name (a field ``current`` lacks is NULL, one ``wanted`` lacks is left out), everything
-    else cast."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    if plain_type(current) == plain_type(wanted):
-        return column
-    if isinstance(current, T.StructType) and isinstance(wanted, T.StructType):
-        have = {f.name: f.dataType for f in current.fields}
-        fields = [
-            (
-                conform(column.getField(f.name), have[f.name], f.dataType)
-                if f.name in have
-                else F.lit(None).cast(f.dataType)
-            ).alias(f.name)
-            for f in wanted.fields
-        ]
-        return F.when(column.isNotNull(), F.struct(*fields))
-    if isinstance(current, T.ArrayType) and isinstance(wanted, T.ArrayType):
-        return F.transform(
-            column, lambda element: conform(element, current.elementType, wanted.elementType)
-        )
-    return column.cast(wanted)
 
 
 class SchemaChange:

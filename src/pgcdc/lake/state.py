@@ -41,7 +41,9 @@ __all__ = [
     "save_state",
 ]
 
-STATE_FORMAT = 1
+#: 2: the lake's tables are written by Delta's Spark connector (deletion vectors, column
+#: mapping); 1 was delta-rs's copy-on-write tables, which this version does not write to
+STATE_FORMAT = 2
 
 
 class StateError(RuntimeError):
@@ -171,6 +173,13 @@ def load_state(layout: LakeLayout) -> PipelineState | None:
         raise StateError(f"cannot read the pipeline state {path}: {exc.strerror}") from None
     try:
         data = json.loads(text)
+        if data.get("format") == 1:
+            raise StateError(
+                f"{path}: this lake was written by an earlier pgcdc (delta-rs tables without "
+                "deletion vectors); this version writes every table with Delta's Spark "
+                "connector from its first commit on. Move the lake away (or point lake.path at "
+                "a new folder) and run again to copy everything into a new lake"
+            )
         if data.get("format") != STATE_FORMAT:
             raise StateError(
                 f"{path} has state format {data.get('format')!r}, this pgcdc reads "
