@@ -24,10 +24,11 @@ import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from pgcdc.lake.catalog import missing_values
 from pgcdc.lake.changelog import append_changelog, changelog_rows
@@ -58,6 +59,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("pgcdc.lake")
+
+#: tables of one batch written at the same time
+PARALLEL_TABLES = 4
 
 
 @dataclass(slots=True)
@@ -201,7 +205,7 @@ class LakeBatchWriter:
                     batch_id,
                     ", ".join(unknown),
                 )
-            commits = 0
+            jobs: list[_TableJob] = []
             for table in self.tables:
                 info = overview.tables.get(table.table_id)
                 if info is None:
@@ -224,20 +228,14 @@ class LakeBatchWriter:
                         table.table_id,
                     )
                     continue
-                commits = self._apply_table(
-                    df=df,
-                    batch_id=batch_id,
-                    table=table,
-                    column=column,
-                    info=info,
-                    paths=paths,
-                    wanted=wanted,
-                    metadata=overview_meta(batch_id, info),
-                    commits=commits,
-                    result=result,
-                )
-                result.tables += 1
+                jobs.append(_TableJob(table, column, info, paths, wanted))
                 written += [(f"{table.table_id} {kind}", p) for kind, p in wanted.items()]
+            for newest in self._apply_tables(df, batch_id, jobs):
+                if newest is not None and (
+                    result.max_commit_time is None or newest > result.max_commit_time
+                ):
+                    result.max_commit_time = newest
+            result.tables = len(jobs)
             result.skipped = result.tables == 0 and bool(overview.tables)
         finally:
             df.unpersist()
@@ -265,21 +263,36 @@ class LakeBatchWriter:
             self.maintenance.after_batch(df.sparkSession, written)
         return result
 
-    def _apply_table(
-        self,
-        *,
-        df: Any,
-        batch_id: int,
-        table: LakeTable,
-        column: str,
-        info: TableOverview,
-        paths: Mapping[TableKind, str],
-        wanted: Mapping[TableKind, str],
-        metadata: dict[str, Any],
-        commits: int,
-        result: BatchResult,
-    ) -> int:
+    def _apply_tables(self, df: Any, batch_id: int, jobs: Sequence[_TableJob]) -> list[Any]:
+        """Write each table's Delta tables; the newest commit time each mirror got. Tables are
+        written at the same time, up to ``PARALLEL_TABLES``, each in a Spark session of its own
+        (a session's settings carry its writes' application transaction): a batch's time is
+        mostly each Delta operation's fixed cost (planning, the log, job scheduling), which
+        the tables then share."""
+        commits = _Commits(self.fail_after)
         spark = df.sparkSession
+        if len(jobs) <= 1:
+            return [self._apply_table(spark, df, batch_id, job, commits) for job in jobs]
+        workers = min(PARALLEL_TABLES, len(jobs))
+        with ThreadPoolExecutor(workers, thread_name_prefix="pgcdc-table") as pool:
+            futures = [
+                pool.submit(self._apply_table, spark.newSession(), df, batch_id, job, commits)
+                for job in jobs
+            ]
+            wait(futures)
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise errors[0]  # type: ignore[misc]
+        return [f.result() for f in futures]
+
+    def _apply_table(
+        self, spark: Any, df: Any, batch_id: int, job: _TableJob, commits: _Commits
+    ) -> Any:
+        """Write one table's Delta tables (history, then mirror, then changelog) in ``spark``;
+        the newest commit time its mirror got (None without one)."""
+        table, column, info, paths, wanted = job
+        metadata = overview_meta(batch_id, info)
+        newest = None
         _, names = image_columns(df, column)
         missing = [k for k in table.keys if k not in names]
         if missing:
@@ -353,10 +366,6 @@ class LakeBatchWriter:
                         metadata=metadata,
                         defaults=defaults,
                     )
-                    if newest is not None and (
-                        result.max_commit_time is None or newest > result.max_commit_time
-                    ):
-                        result.max_commit_time = newest
                 else:
                     append_changelog(
                         spark,
@@ -375,17 +384,39 @@ class LakeBatchWriter:
                     kind,
                     time.monotonic() - clock,
                 )
-                commits = self._counted(commits)
+                commits.count()
         finally:
             if resolved is not None and resolved.is_cached:
                 resolved.unpersist()
-        return commits
+        return newest
 
-    def _counted(self, commits: int) -> int:
-        commits += 1
-        if self.fail_after is not None and commits >= self.fail_after:
-            raise RuntimeError(f"injected failure after {commits} Delta commit(s) (tests)")
-        return commits
+
+class _TableJob(NamedTuple):
+    """One table's part of a batch: its struct column, overview, Delta tables' paths, and the
+    ones still to write."""
+
+    table: LakeTable
+    column: str
+    info: TableOverview
+    paths: Mapping[TableKind, str]
+    wanted: Mapping[TableKind, str]
+
+
+class _Commits:
+    """The Delta commits a batch made (across the threads writing its tables), and the tests'
+    injected failure after ``fail_after`` of them."""
+
+    def __init__(self, fail_after: int | None) -> None:
+        self.fail_after = fail_after
+        self.done = 0
+        self._lock = threading.Lock()
+
+    def count(self) -> None:
+        with self._lock:
+            self.done += 1
+            done = self.done
+        if self.fail_after is not None and done >= self.fail_after:
+            raise RuntimeError(f"injected failure after {done} Delta commit(s) (tests)")
 
 
 def overview_meta(batch_id: int, info: TableOverview) -> dict[str, Any]:

@@ -55,6 +55,7 @@ __all__ = [
     "grows",
     "is_delta_table",
     "plain_type",
+    "quiet_logs",
     "quote_name",
     "stats_json",
     "table_schema",
@@ -246,6 +247,21 @@ def append_rows(
         .option("userMetadata", user_metadata(metadata))
         .save(str(path))
     )
+
+
+#: Delta's loggers that report, as errors, what is not one: with column mapping, a scan of a
+#: table with deletion vectors cannot push its internal "row deleted" filter into the Parquet
+#: reader and logs "Failed to translate filter" for every file it reads (the filter is applied
+#: after the read instead; the rows are right)
+QUIET_LOGGERS = ("org.apache.spark.sql.delta.DeltaParquetFileFormat",)
+
+
+def quiet_logs(spark: Any) -> None:
+    """Silence ``QUIET_LOGGERS`` in the driver's JVM (which runs a local session's tasks)."""
+    jvm = spark.sparkContext._jvm
+    off = jvm.org.apache.logging.log4j.Level.OFF
+    for name in QUIET_LOGGERS:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, off)
 
 
 def quote_name(name: str) -> str:

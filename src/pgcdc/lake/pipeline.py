@@ -56,7 +56,7 @@ import psycopg
 from pgcdc.lake.batch import PROGRESS, BatchResult, LakeBatchWriter, Progress, table_column_pairs
 from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source, source_columns
 from pgcdc.lake.config import ConfigError, PipelineConfig
-from pgcdc.lake.delta import delta_settings, is_delta_table, table_schema
+from pgcdc.lake.delta import delta_settings, is_delta_table, quiet_logs, table_schema
 from pgcdc.lake.monitor import (
     BatchEvents,
     Observer,
@@ -229,6 +229,7 @@ class Pipeline:
                     f"Spark did not start ({scrub_secrets(_spark_reason(exc))}): check [spark] "
                     "master and [spark.conf] (and that Java 17 is installed)"
                 ) from exc
+            quiet_logs(self._spark)
             if self._on_spark is not None:
                 self._on_spark(self._spark)
         return self._spark
