@@ -46,8 +46,8 @@ import psycopg
 from pgcdc.lake.config import PipelineConfig, load_config
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.tables import LakeLayout, LakeTable
-from pgcdc.lake.verify import compare_tables
 from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.verify import compare_tables
 from pgcdc.lsn import Lsn
 from tests.lake.workload import SCHEMA, Workload
 

@@ -172,7 +172,7 @@ def test_fast_shutdown_while_batches_are_pending_is_prompt(
     was applied, or until pg_ctl gave up after 60 s). The pipeline reconnects and the lake ends
     equal to the source, every change once in the changelog (issue 24)."""
     from pgcdc.lake.tables import LakeLayout
-    from pgcdc.lake.writer import DeltaTarget
+    from pgcdc.lake.target import DeltaTarget
 
     pg.execute("CREATE TABLE items (id bigint PRIMARY KEY, v text, qty int)")
     pg.execute("INSERT INTO items SELECT g, 'snap', 0 FROM generate_series(-50, -1) g")

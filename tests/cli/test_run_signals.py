@@ -53,7 +53,7 @@ def test_ctrl_c_stops_after_the_batch_exits_0_and_loses_nothing(
     resumes with every row once in the mirror and once in the changelog (issue 24)."""
     from pgcdc.lake.config import load_config
     from pgcdc.lake.tables import LakeLayout
-    from pgcdc.lake.writer import DeltaTarget
+    from pgcdc.lake.target import DeltaTarget
 
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pg.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) AS g")

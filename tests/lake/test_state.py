@@ -31,5 +31,5 @@ def test_a_lake_of_the_delta_rs_writer_is_refused_with_the_fix(tmp_path: Path) -
     data = json.loads(layout.state_file.read_text())
     data["format"] = 1
     layout.state_file.write_text(json.dumps(data))
-    with pytest.raises(StateError, match="earlier pgcdc .*Move the lake away"):
+    with pytest.raises(StateError, match=r"earlier pgcdc .*Move the lake away"):
         load_state(layout)
