@@ -269,3 +269,58 @@ def test_the_overview_counts_each_tables_changes_truncates_and_unchanged_columns
 
     plain = batch_overview(spark.createDataFrame(BATCHES[0] + [no_list], schema()), {})
     assert plain.tables["public.t"].unchanged_columns == frozenset()  # no struct column known
+
+
+def test_tables_of_a_batch_written_in_parallel_each_record_the_batch(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Several tables in one batch are written at the same time, each in a Spark session of its
+    own: every Delta table still records the batch's application transaction (so that a
+    replay is recognised per table), a failure in one thread fails the batch, and the replay
+    writes only what is missing."""
+    from pyspark.sql import types as T
+
+    names = ("t", "u", "w")
+    columns = {f"public.{n}": table_column("public", n) for n in names}
+    base = schema()
+    struct = base[COLUMN].dataType
+    fields = [f for f in base.fields if f.name != COLUMN]
+    fields += [T.StructField(c, struct) for c in columns.values()]
+    tables = tuple(
+        LakeTable("public", n, ("id",), "d", history=True, changelog=True) for n in names
+    )
+    layout = LakeLayout(tmp_path / "lake")
+
+    def rows(batch: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        out = []
+        for n in names:
+            for row in batch:
+                cells = [None] * len(columns)
+                cells[names.index(n)] = row[-1]
+                out.append((f"public.{n}", "public", n, *row[3:-1], *cells))
+        return out
+
+    def make(fail_after: int | None = None) -> LakeBatchWriter:
+        return LakeBatchWriter(
+            lake=str(layout.root),
+            tables=tables,
+            table_columns=tuple(columns.items()),
+            app_id="test-app",
+            fail_after=fail_after,
+        )
+
+    frames = [spark.createDataFrame(rows(b), T.StructType(fields)) for b in BATCHES]
+    make()(frames[0], 0)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        make(fail_after=2)(frames[1], 1)
+    make()(frames[1], 1)
+    make()(frames[2], 2)
+    for table in tables:
+        for kind in table.kinds():
+            target = DeltaTarget(table.path(layout, kind))
+            assert target.applied("test-app", 2), f"{table.table_id} {kind}"
+        got = DeltaTarget(table.path(layout, "mirror")).read().to_pylist()
+        assert {r["id"]: (r["v"], r["big"]) for r in got} == MIRRORS[2], table.table_id
+        changelog = DeltaTarget(table.path(layout, "changelog")).read()
+        assert len(changelog) == sum(len(b) for b in BATCHES[:3]), table.table_id
+    assert make().apply(frames[2], 2).skipped
