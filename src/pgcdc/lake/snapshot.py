@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -191,7 +191,8 @@ def to_physical(table: pa.Table, physical: pa.Schema) -> pa.Table:
 
 def _stat_value(dtype: pa.DataType, value: Any) -> Any | None:
     """A Parquet statistic as Delta records it, for the types whose statistics Delta reads as
-    written (integers, text, decimals, dates); None for the others (no min/max: a MERGE then
+    written (integers, text, decimals, dates, timestamps with a time zone as datetimes, turned
+    into Delta's text once reduced); None for the others (no min/max: a MERGE then
     reads the file whatever its keys)."""
     if value is None:
         return None
@@ -203,7 +204,20 @@ def _stat_value(dtype: pa.DataType, value: Any) -> Any | None:
         return value
     if pa.types.is_date32(dtype) and isinstance(value, date):
         return value.isoformat()
+    if pa.types.is_timestamp(dtype) and dtype.tz is not None and isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
     return None
+
+
+def _timestamp_stat(value: datetime, *, upper: bool) -> str:
+    """A timestamp statistic as Delta writes it: UTC, to the millisecond. Delta truncates; a
+    maximum is rounded up here instead, so that it still bounds the file's values."""
+    value = value.astimezone(UTC)
+    extra = value.microsecond % 1000
+    value = value.replace(microsecond=value.microsecond - extra)
+    if upper and extra:
+        value += timedelta(milliseconds=1)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
 
 
 def file_stats(path: str, output: SnapshotOutput) -> str:
@@ -229,8 +243,13 @@ def file_stats(path: str, output: SnapshotOutput) -> str:
         lows = [_stat_value(types[name], s.min) for s in valued]
         highs = [_stat_value(types[name], s.max) for s in valued]
         if valued and None not in lows and None not in highs:
-            minimum[name] = min(v for v in lows if v is not None)
-            maximum[name] = max(v for v in highs if v is not None)
+            low = min(v for v in lows if v is not None)
+            high = max(v for v in highs if v is not None)
+            if isinstance(low, datetime) and isinstance(high, datetime):
+                low = _timestamp_stat(low, upper=False)
+                high = _timestamp_stat(high, upper=True)
+            minimum[name] = low
+            maximum[name] = high
     return stats_json(meta.num_rows, minimum, maximum, nulls)
 
 
