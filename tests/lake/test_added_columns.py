@@ -12,7 +12,7 @@ import pytest
 
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.target import DeltaTarget
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 
 pytestmark = pytest.mark.slow
@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 ADDED = {"extra": 7, "tags": ["a,b", None], "note": "x, {y}"}
 
 
+@newest_server
 def test_rows_written_before_add_column_read_its_default(
     pg: PgDatabase, spark: Any, tmp_path: Path
 ) -> None:

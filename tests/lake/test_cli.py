@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pgcdc.cli import main
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 
 CONFIG = """
 [source]
@@ -111,6 +111,7 @@ def test_demo(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@newest_server
 def test_a_transaction_larger_than_the_driver_heap_passes(pg: PgDatabase, tmp_path: Path) -> None:
     """With a 512 MiB driver heap, a transaction of about 200 MB of values into a table with a
     history table is applied in one commit per Delta table: no batch passes through the

@@ -14,7 +14,7 @@ from pgcdc.lake.delta import create_table
 from pgcdc.lake.maintenance import COMPACT_METADATA, PURGE_METADATA, Maintenance, deleted_share
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.target import DeltaTarget
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 
 
@@ -95,6 +95,7 @@ def test_maintenance_that_fails_never_fails_the_batch(
 
 
 @pytest.mark.slow
+@newest_server
 def test_a_pipeline_compacts_what_its_batches_add(
     pg: PgDatabase, spark: Any, tmp_path: Path
 ) -> None:

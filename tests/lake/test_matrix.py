@@ -4,11 +4,13 @@ As supabase/etl tests replica identity: one table per key type (int, bigint, tex
 uuid, numeric, a composite key of text and int) and replica identity (DEFAULT with a primary
 key, USING INDEX on a unique index without a primary key, FULL with a primary key), each with a
 TOASTed column stored out of line (20 kB of incompressible text) that the updates leave alone,
-so it arrives as unchanged TOAST. History and changelog are on or off per table, every
-combination for every key type over the two servers. Five ``pgcdc run --until-caught-up`` runs,
-so later batches read the files earlier ones wrote: the initial copy; an insert and an update
-of every row; an update of one row (the issue's blocker: a text key's files read back as
-``string_view``); a key-changing update; a delete and an update of the row whose key changed.
+so it arrives as unchanged TOAST. Each server runs every key type with FULL, and with DEFAULT
+or USING INDEX (the other one on the other server: both send the key alone as the old image),
+so every cell runs; history and changelog are on or off per table, the combinations shifted
+between the servers. Four ``pgcdc run --until-caught-up`` runs, so later batches read the files
+earlier ones wrote: the initial copy; an insert and an update of every row; an update of one
+row (the issue's blocker: a text key's files read back as ``string_view``) and a key-changing
+update of another; a delete and an update of the row whose key changed.
 After each run every mirror equals its source, every history's current versions equal the
 mirror, every closed version is well formed, and every changelog holds each change once.
 """
@@ -150,10 +152,18 @@ def delete(pg: PgDatabase, kind: str, identity: str, n: int) -> None:
 def test_key_types_identities_and_unchanged_toast(
     pg: PgDatabase, spark: Any, tmp_path: Path
 ) -> None:
-    shift = 0 if pg.major < 18 else 1  # the other combinations on the other server
+    shift = 0 if pg.major < 18 else 1  # the other cells and combinations on the other server
+    matrix = [
+        (kind, identity)
+        for i, kind in enumerate(KEY_TYPES)
+        for identity in IDENTITIES
+        if identity == "full" or (identity == "default") == ((i + shift) % 2 == 0)
+    ]
     tables = []
     for i, kind in enumerate(KEY_TYPES):
         for j, identity in enumerate(IDENTITIES):
+            if (kind, identity) not in matrix:
+                continue
             history, changelog = COMBINATIONS[(i + j + shift) % len(COMBINATIONS)]
             create(pg, kind, identity)
             tables.append(
@@ -163,7 +173,6 @@ def test_key_types_identities_and_unchanged_toast(
                     "changelog": changelog,
                 }
             )
-    matrix = [(kind, identity) for kind in KEY_TYPES for identity in IDENTITIES]
     config = make_config(pg, tmp_path / "lake", tables, stream={"max_changes_per_trigger": 100_000})
     changes: Counter[str] = Counter()  # changes per table since the snapshot
 
@@ -199,12 +208,8 @@ def test_key_types_identities_and_unchanged_toast(
 
     for kind, identity in matrix:
         update(pg, kind, identity, "v = 2", n=1)
-        changes[table_name(kind, identity)] += 1
-    run_and_check()
-
-    for kind, identity in matrix:
         change_key(pg, kind, identity, 2, 20)  # a key change, big unchanged
-        changes[table_name(kind, identity)] += 1
+        changes[table_name(kind, identity)] += 2
     run_and_check()
 
     for kind, identity in matrix:

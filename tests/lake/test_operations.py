@@ -22,7 +22,7 @@ from pgcdc.cluster import free_port
 from pgcdc.lake.config import load_config
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lsn import Lsn
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_drop import lake_files
 from tests.lake.test_status import write_config
 
@@ -54,6 +54,7 @@ def confirmed(pg: PgDatabase) -> Lsn:
 
 
 @pytest.mark.slow
+@newest_server
 def test_metrics_and_heartbeats_while_running(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
     pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int)")
     pg.execute("INSERT INTO items SELECT g, g FROM generate_series(1, 10) g")

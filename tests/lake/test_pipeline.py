@@ -28,7 +28,7 @@ from pgcdc.lake.state import PipelineState, save_state
 from pgcdc.lake.tables import HISTORY_COLUMNS, IS_CURRENT, MIRROR_COLUMNS, LakeTable
 from pgcdc.lake.target import DeltaTarget
 from pgcdc.lake.verify import compare_tables
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.workload import SCHEMA, TABLES, Workload
 
 pytestmark = pytest.mark.slow
@@ -103,6 +103,7 @@ def differing_rows(pipeline: Pipeline, table_id: str, limit: int = 5) -> str:
     return f"only in the source: {only_source}\nonly in the lake: {only_lake}"
 
 
+@newest_server
 def test_randomized_workload(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
     pg.execute(SCHEMA)
     seed = int(os.environ.get("PGCDC_TEST_SEED", pg.major))
@@ -266,6 +267,7 @@ def test_seed_row_filters(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
     assert_equal(pipeline)
 
 
+@newest_server
 def test_seed_partitioned_table(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
     pg.execute("CREATE TABLE parent(a int PRIMARY KEY) PARTITION BY RANGE(a)")
     pg.execute("CREATE TABLE child PARTITION OF parent DEFAULT")
@@ -302,6 +304,7 @@ def test_seed_partitioned_table(pg: PgDatabase, spark: Any, tmp_path: Path) -> N
     assert mirror_rows(root, "public.parent") == [(2,), (3,), (4,)]
 
 
+@newest_server
 def test_unfinished_snapshot_is_copied_again(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
     """A first start that died during the copy (state saved, slot created, a partial table)
     is redone from scratch: new slot, next generation, no leftovers."""

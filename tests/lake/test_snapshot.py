@@ -32,7 +32,7 @@ from pgcdc.lake.snapshot import (
 from pgcdc.lake.tables import ROW_ID
 from pgcdc.lake.target import DeltaTarget
 from pgcdc.spark import read_snapshot, snapshot_options, snapshot_reader, table_column
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import make_config
 from tests.lake.workload import SCHEMA, TABLES, Workload
 
@@ -115,6 +115,7 @@ def test_arrow_rows_are_the_rows_snapshot_rows_gives_in_spark(
     assert compared == 8  # three mirrors, two histories, three changelogs
 
 
+@newest_server
 def test_a_failed_copy_leaves_no_files_and_commits_nothing(
     pg: PgDatabase, spark: Any, tmp_path: Path
 ) -> None:

@@ -17,7 +17,7 @@ from pgcdc.cli import main
 from pgcdc.lake.tables import LakeLayout
 from pgcdc.lake.target import DeltaTarget
 from pgcdc.lsn import Lsn
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 
 PASSWORD = "Sw0rdfish-9f3k"
 
@@ -103,6 +103,7 @@ def test_status_of_a_new_lake(
 
 
 @pytest.mark.slow
+@newest_server
 def test_status_after_runs_then_without_slot(
     pg: PgDatabase,
     spark: Any,

@@ -16,7 +16,7 @@ import pytest
 
 from pgcdc.cluster import free_port
 from pgcdc.replication import create_publication, create_slot_with_snapshot
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.spark.streams import wait_slot_released
 
 pytestmark = pytest.mark.slow
@@ -170,6 +170,7 @@ name = "public.lt"
 """
 
 
+@newest_server
 def test_pipeline_writes_the_lake_from_the_cluster_executors(
     pg: PgDatabase, standalone: str, tmp_path: Path
 ) -> None:
