@@ -273,12 +273,17 @@ class LakeBatchWriter:
         spark = df.sparkSession
         if len(jobs) <= 1:
             return [self._apply_table(spark, df, batch_id, job, commits) for job in jobs]
+
+        def run(job: _TableJob) -> Any:
+            session = _SESSIONS.borrow(spark)
+            try:
+                return self._apply_table(session, df, batch_id, job, commits)
+            finally:
+                _SESSIONS.give_back(session)
+
         workers = min(PARALLEL_TABLES, len(jobs))
         with ThreadPoolExecutor(workers, thread_name_prefix="pgcdc-table") as pool:
-            futures = [
-                pool.submit(self._apply_table, spark.newSession(), df, batch_id, job, commits)
-                for job in jobs
-            ]
+            futures = [pool.submit(run, job) for job in jobs]
             wait(futures)
         errors = [f.exception() for f in futures if f.exception() is not None]
         if errors:
@@ -400,6 +405,32 @@ class _TableJob(NamedTuple):
     info: TableOverview
     paths: Mapping[TableKind, str]
     wanted: Mapping[TableKind, str]
+
+
+class _SessionPool:
+    """Idle Spark sessions for the threads writing tables, reused from batch to batch: a
+    session per write would leave the context a session (and its listeners) per table and
+    batch until a garbage collection cleans them up. Sessions of a stopped context (another
+    application id) are dropped."""
+
+    def __init__(self) -> None:
+        self._idle: list[tuple[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def borrow(self, spark: Any) -> Any:
+        app = spark.sparkContext.applicationId
+        with self._lock:
+            self._idle = [(a, s) for a, s in self._idle if a == app]
+            if self._idle:
+                return self._idle.pop()[1]
+        return spark.newSession()
+
+    def give_back(self, session: Any) -> None:
+        with self._lock:
+            self._idle.append((session.sparkContext.applicationId, session))
+
+
+_SESSIONS = _SessionPool()
 
 
 class _Commits:

@@ -319,7 +319,8 @@ def tagged(
     """Within the block, the session's Delta writes (MERGE, UPDATE, DELETE) carry the
     application transaction ``(app_id, version)`` (none when ``app_id`` is None) and
     ``metadata`` as their commit's ``userMetadata``. Writes run one at a time per session in a
-    pipeline (a micro-batch's tables in turn), so session settings are safe here."""
+    pipeline (the threads writing a batch's tables each have a session of their own), so
+    session settings are safe here."""
     conf = spark.conf
     keys = [USER_METADATA]
     conf.set(USER_METADATA, user_metadata(metadata))
