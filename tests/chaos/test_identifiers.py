@@ -23,7 +23,7 @@ from psycopg import sql
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.tables import encode_name
 from pgcdc.lake.target import DeltaTarget
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 
 pytestmark = pytest.mark.slow
@@ -70,6 +70,7 @@ def _assert_safe_paths(lake: Path) -> None:
     assert {p.name for p in (lake / encode_name(SCHEMA)).iterdir()} == expected
 
 
+@newest_server
 def test_quoted_unicode_identifiers_end_to_end(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
     pg.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(SCHEMA)))
     for table in TABLES:

@@ -24,7 +24,7 @@ import pytest
 
 from pgcdc.lake.pipeline import Pipeline, PipelineError, RunResult
 from pgcdc.lake.target import DeltaTarget
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 
 pytestmark = pytest.mark.slow
@@ -57,6 +57,7 @@ def _copy_running(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
 
 
 @pytest.mark.parametrize("ddl", [(ADD, DROP, WIDEN), (WIDEN, ADD)], ids=["drop", "rewrite"])
+@newest_server
 def test_schema_changes_during_the_initial_copy(
     pg: PgDatabase, spark: Any, tmp_path: Path, ddl: tuple[str, ...]
 ) -> None:

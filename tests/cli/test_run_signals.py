@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.harness import kill_group, log_tail, start_run, write_config
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +25,7 @@ def _wait_for(log: Path, text: bytes, timeout: float) -> None:
         time.sleep(0.2)
 
 
+@newest_server
 def test_sigterm_stops_after_the_batch_and_exits_0(pg: PgDatabase, tmp_path: Path) -> None:
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pg.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 100) AS g")

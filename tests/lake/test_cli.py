@@ -71,6 +71,7 @@ def test_wrong_configuration_is_refused_before_anything_is_created(
     nothing_created(pg, tmp_path)
 
 
+@newest_server
 def test_run_until_caught_up_and_verify(
     pg: PgDatabase, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,7 +15,7 @@ import pytest
 from pgcdc.cli import main
 from pgcdc.lake.state import PipelineState, load_state, save_state
 from pgcdc.lake.tables import LakeLayout
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_status import write_config
 
 
@@ -36,6 +36,7 @@ def lake_files(lake: Path) -> dict[str, int]:
 
 
 @pytest.mark.slow
+@newest_server
 def test_drop_removes_its_slot_and_publication_only(
     pg: PgDatabase,
     spark: Any,
@@ -83,6 +84,7 @@ def test_drop_removes_its_slot_and_publication_only(
     assert "nothing to drop" in capsys.readouterr().err
 
 
+@newest_server
 def test_drop_keeps_a_publication_it_did_not_create(
     pg: PgDatabase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -112,6 +114,7 @@ def test_drop_keeps_a_publication_it_did_not_create(
     assert slots(pg) == [] and publications(pg) == ["ops_pub"]
 
 
+@newest_server
 def test_drop_refuses_a_slot_in_use_without_force(
     pg: PgDatabase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

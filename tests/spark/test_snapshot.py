@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 
 from pgcdc.replication import create_publication, create_slot_with_snapshot
 from pgcdc.spark import is_schema_changed, read_snapshot, read_stream, table_column
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.spark.streams import ordered, run_stream
 
 pytestmark = pytest.mark.slow
@@ -118,6 +118,7 @@ def test_snapshot_then_stream_under_concurrent_writes(
     assert state == actual
 
 
+@newest_server
 def test_schema_change_fails_the_batch_until_restart(
     pg: PgDatabase, spark: SparkSession, checkpoint_dir
 ):

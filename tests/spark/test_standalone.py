@@ -94,6 +94,7 @@ def standalone(spark_home: Path, tmp_path_factory: pytest.TempPathFactory) -> It
                     process.kill()
 
 
+@newest_server
 def test_stream_and_snapshot_on_a_standalone_cluster(
     pg: PgDatabase, standalone: str, tmp_path: Path
 ):
