@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 from hypothesis import settings
 
 pytest_plugins = ["tests.fix_pg", "tests.fix_proxy"]
@@ -13,3 +14,10 @@ pytest_plugins = ["tests.fix_pg", "tests.fix_proxy"]
 settings.register_profile("ci", derandomize=True, deadline=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("PGCDC_HYPOTHESIS", "ci"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with slow tests first: pytest-xdist hands out whole modules in this order, so
+    the two workers do not end with one of them alone on a long module."""
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_modules)  # stable: order kept within

@@ -25,8 +25,8 @@ _counter = itertools.count()
 
 #: Marks a test of what the server's version does not change (how the lake writes a decoded
 #: stream: the layers that meet the server, protocol to Spark source, are tested on both): it
-#: runs against the newest server only, so that the suite stays within CI's time. Every
-#: regression test of a defect runs on both.
+#: runs against the newest server only, so that the suite stays within CI's time. Regression
+#: tests of issue 24's three defects run on both.
 newest_server = pytest.mark.parametrize(
     "pg_server", [PG_VERSIONS[-1]], indirect=True, ids=[f"pg{PG_VERSIONS[-1]}"]
 )

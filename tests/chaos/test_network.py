@@ -19,7 +19,7 @@ from pgcdc.lake.config import parse_config
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.verify import compare_tables
 from tests.chaos.harness import audit_transactions, check_lake, create_audit_slot
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
@@ -164,6 +164,7 @@ def test_cuts_and_server_restart_lose_and_double_nothing(
     assert report.changes > writer.transactions
 
 
+@newest_server
 def test_fast_shutdown_while_batches_are_pending_is_prompt(
     pg: PgDatabase, spark: Any, tmp_path: Path
 ) -> None:

@@ -45,6 +45,7 @@ def test_sigterm_stops_after_the_batch_and_exits_0(pg: PgDatabase, tmp_path: Pat
     assert "SIGTERM: stopping after the current batch" in text, log_tail(log)
 
 
+@newest_server
 def test_ctrl_c_stops_after_the_batch_exits_0_and_loses_nothing(
     pg: PgDatabase, tmp_path: Path
 ) -> None:

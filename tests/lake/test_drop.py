@@ -151,6 +151,7 @@ def test_drop_refuses_a_slot_in_use_without_force(
 
 
 @pytest.mark.slow
+@newest_server
 def test_drop_force_under_a_running_pipeline_names_the_pipeline_fix(
     pg: PgDatabase, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
