@@ -247,3 +247,16 @@ def test_two_phase_same_as_test_decoding(
     got = _tail(pg, *args)
     assert got.decode("utf-8").splitlines() == decoded.expected[True].decode("utf-8").splitlines()
     assert got == decoded.expected[True]
+
+
+@pytest.mark.parametrize(("proto", "streaming"), [(1, "off"), (2, "on")])
+def test_a_two_phase_slot_below_version_3_same_as_test_decoding(
+    decoded: Decoded, proto: int, streaming: str
+) -> None:
+    """A slot created with two_phase sends prepared transactions at PREPARE time in every
+    protocol version, without the two_phase option: tail prints them as test_decoding does on
+    such a slot (it stopped at the first Begin Prepare; issue 26)."""
+    args = ["--slot", "po2pc", "--publication", "pub", "--messages"]
+    args += ["--proto-version", str(proto), "--streaming", streaming]
+    got = _tail(decoded.pg, *args)
+    assert got.decode("utf-8").splitlines() == decoded.expected[True].decode("utf-8").splitlines()

@@ -411,6 +411,43 @@ def test_two_phase(tables: PgDatabase) -> None:
     assert rp.prepare_time == prep2.prepare_time <= rp.rollback_time
 
 
+@pytest.mark.parametrize("proto", [1, 2, 3])
+def test_a_two_phase_slot_sends_prepares_in_every_version(tables: PgDatabase, proto: int) -> None:
+    """A slot created with two_phase decodes prepared transactions at PREPARE time whatever
+    the protocol version and without the two_phase option (logical.c keeps the slot's
+    state); Stream Prepare comes with streaming, from version 2 (issue 26)."""
+    pg = tables
+    _slot(pg, "s", two_phase=True)
+    with pg.connect() as conn:
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("PREPARE TRANSACTION 'gid-1'")
+        conn.execute("COMMIT PREPARED 'gid-1'")
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO t VALUES (2)")
+        conn.execute("PREPARE TRANSACTION 'gid-2'")
+        conn.execute("ROLLBACK PREPARED 'gid-2'")
+        if proto >= 2:
+            conn.execute("BEGIN")
+            _big_txn(conn, 10)
+            conn.execute("PREPARE TRANSACTION 'big'")
+            conn.execute("COMMIT PREPARED 'big'")
+    options = {"streaming": "on"} if proto >= 2 else {}
+    messages = _decode(_changes(pg, "s", proto, **options), proto)
+    kinds = [
+        k
+        for k in _kinds(messages)
+        if k in {"BeginPrepare", "Prepare", "StreamPrepare", "CommitPrepared", "RollbackPrepared"}
+    ]
+    expected = ["BeginPrepare", "Prepare", "CommitPrepared", "BeginPrepare", "Prepare"]
+    expected += ["RollbackPrepared"]
+    if proto >= 2:
+        expected += ["StreamPrepare", "CommitPrepared"]
+    assert kinds == expected
+    gids = [m.gid for m in messages if isinstance(m, (Prepare, StreamPrepare, CommitPrepared))]
+    assert gids == ["gid-1", "gid-1", "gid-2"] + (["big", "big"] if proto >= 2 else [])
+
+
 def test_stream_prepare(tables: PgDatabase) -> None:
     pg = tables
     _slot(pg, "s", two_phase=True)

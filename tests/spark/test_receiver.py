@@ -285,6 +285,19 @@ def test_receiver_refuses_a_busy_slot_after_waiting(pg: PgDatabase):
     one.stop()
 
 
+def test_receiver_refuses_a_two_phase_slot_at_start(pg: PgDatabase):
+    """A two-phase slot sends prepared transactions at PREPARE time in every protocol
+    version; the source refuses it before streaming, naming the fix (issue 26)."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    pg.execute("SELECT pg_create_logical_replication_slot('s2pc', 'pgoutput', false, true)")
+    receiver = Receiver(ReceiverSettings(pg.dsn(), "s2pc", ("pub",), slot_wait=0.5))
+    with pytest.raises(SparkSourceError, match="created with two_phase") as raised:
+        receiver.start()
+    assert "without two_phase" in str(raised.value)
+    receiver.stop()
+
+
 def test_pause_file_plans_no_batch_while_it_exists(pg: PgDatabase, tmp_path):
     """``pauseFile``: while the file exists, latestOffset confirms the committed batch it starts
     from but plans no new one (a pipeline stopping between batches under load); without the

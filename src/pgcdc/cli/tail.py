@@ -133,6 +133,17 @@ def run(args: argparse.Namespace) -> int:
                 registry=registry,
             )
             timezone = str(conn.execute("SHOW TimeZone").fetchone()[0])  # type: ignore[index]
+            # a slot created with two_phase decodes prepared transactions at PREPARE time in
+            # every protocol version, with or without the option (as test_decoding prints them)
+            slot_row = conn.execute(
+                "SELECT two_phase FROM pg_replication_slots WHERE slot_name = %s", (args.slot,)
+            ).fetchone()
+            two_phase = args.two_phase or bool(slot_row and slot_row[0])
+            if two_phase and not args.two_phase:
+                log.info(
+                    "slot %s was created with two_phase: prepared transactions print at PREPARE",
+                    args.slot,
+                )
             until = (
                 Lsn.parse(str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]))  # type: ignore[index]
                 if args.until_caught_up
@@ -150,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         if args.format == "json":
             printer = JsonPrinter(write, registry=registry, timezone=timezone, flush=out.flush)
         else:
-            cls = TwoPhaseTestDecodingPrinter if args.two_phase else TestDecodingPrinter
+            cls = TwoPhaseTestDecodingPrinter if two_phase else TestDecodingPrinter
             printer = cls(
                 write,
                 type_names=names,

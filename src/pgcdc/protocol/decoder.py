@@ -51,11 +51,14 @@ __all__ = ["MAX_PROTO_VERSION", "MESSAGE_VERSIONS", "Decoder"]
 
 MAX_PROTO_VERSION = 4
 
-#: The protocol version from which each message type exists.
+#: The lowest protocol version in which a server sends each message type. The two-phase
+#: messages come in every version: logical.c decodes prepared transactions at PREPARE time
+#: whenever the slot was created with two_phase (``ctx->twophase &= slot->data.two_phase ||
+#: ctx->twophase_opt_given``); pgoutput only refuses the *option* below version 3. Stream
+#: Prepare comes with streaming, which pgoutput refuses below version 2.
 MESSAGE_VERSIONS: dict[int, int] = {
-    **{ord(c): 1 for c in "BMCORYIUDT"},
-    **{ord(c): 2 for c in "SEcA"},
-    **{ord(c): 3 for c in "bPKrp"},
+    **{ord(c): 1 for c in "BMCORYIUDTbPKr"},
+    **{ord(c): 2 for c in "SEcAp"},
 }
 
 #: Message types that may only appear outside a streamed block.

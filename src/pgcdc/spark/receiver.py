@@ -29,6 +29,7 @@ from pgcdc.replication import (
     SlotNotFoundError,
     StreamOptions,
     WalData,
+    slot_info,
 )
 from pgcdc.spark.errors import SparkSourceError
 from pgcdc.spark.framer import Framer
@@ -83,6 +84,18 @@ class Receiver:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
+        # a missing slot is the session's to report, with its own fix
+        info = slot_info(self.settings.dsn, self.settings.slot)
+        if info is not None and info.two_phase:
+            # its prepared transactions would arrive at PREPARE time, before they commit or not
+            raise SparkSourceError(
+                f"replication slot {self.settings.slot!r} was created with two_phase: it "
+                "decodes prepared transactions at PREPARE time, which the pgcdc Spark source "
+                "does not read",
+                "use a slot created without two_phase (pgcdc.replication.create_slot, or "
+                "pg_create_logical_replication_slot(name, 'pgoutput') without its fourth "
+                "argument)",
+            )
         self._thread.start()
 
     def stop(self, timeout: float = 15.0) -> None:
