@@ -143,9 +143,11 @@ def test_collation_decides_text_ordering() -> None:
     for text in ("t < 'x'", "lower(t) = 'x'", "t ILIKE 'x'", "GREATEST(t, 'a') = 'a'"):
         with pytest.raises(CollationError):
             _bind(text, collation="en_US.UTF-8")
+    # C.UTF-8, glibc's and the builtin provider's: code point order, simple case mapping
+    for name in ("C.UTF-8", "C.utf8", "pg_c_utf8"):
+        _bind("t > 'a' AND upper(t) = 'X' AND lower(t) LIKE 'a%' AND t ILIKE 'x'", collation=name)
     with pytest.raises(CollationError):
-        _bind("upper(t) = 'X'", collation="pg_c_utf8")
-    _bind("t > 'a'", collation="pg_c_utf8")
+        _bind("t < 'x'", collation="C.ISO-8859-1")
 
 
 def test_literals_whose_meaning_depends_on_the_session_are_refused() -> None:

@@ -21,6 +21,7 @@ from pgcdc.decoding import run as run_plugin
 from pgcdc.decoding.printers import JsonPrinter, TestDecodingPrinter, TwoPhaseTestDecodingPrinter
 from pgcdc.filters import FilterEvaluationError, FilterSet, RowFilter, RowFilterError, StreamFilter
 from pgcdc.filters.source import FilteredSource, check_filters
+from pgcdc.filters.validate import C_COLLATIONS, unicode_simple_case
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.values.registry import TypeRegistry
 from pgcdc.replication import (
@@ -248,10 +249,13 @@ def _database_facts(
     conn: psycopg.Connection[Any], publications: list[str]
 ) -> tuple[str, list[str]]:
     """The database's collation and the actions the publications publish."""
+    # to_jsonb: datlocale is daticulocale before PostgreSQL 17
     row = conn.execute(
-        "SELECT datcollate FROM pg_database WHERE datname = current_database()"
+        "SELECT datlocprovider::text, datcollate, datctype,"
+        " coalesce(to_jsonb(d) ->> 'datlocale', to_jsonb(d) ->> 'daticulocale')"
+        " FROM pg_database d WHERE datname = current_database()"
     ).fetchone()
-    collation = str(row[0]) if row else "C"
+    collation = database_collation(*row) if row else "C"
     flags = conn.execute(
         "SELECT coalesce(bool_or(pubinsert), true), coalesce(bool_or(pubupdate), true),"
         " coalesce(bool_or(pubdelete), true) FROM pg_publication WHERE pubname = ANY(%s)",
@@ -260,6 +264,25 @@ def _database_facts(
     names = ("insert", "update", "delete")
     actions = [n for n, on in zip(names, flags or (True, True, True), strict=True) if on]
     return collation, actions
+
+
+def database_collation(provider: str, collate: str, ctype: str, locale: str | None) -> str:
+    """The name of the collation the database's default behaves as, for row filters.
+
+    The builtin provider (PostgreSQL 17+) names its locale; ICU's is refused by name. Under
+    libc, ordering follows LC_COLLATE and case mapping LC_CTYPE: C ordering with a C.UTF-8
+    ctype behaves as C.UTF-8 (code point order either way), a C.UTF-8 ordering with a C ctype
+    as C; any other locale in either is named, so that the filters refuse what depends on it.
+    """
+    if provider == "b":
+        return {"C": "C", "C.UTF-8": "pg_c_utf8"}.get(locale or "", locale or "builtin")
+    if provider == "i":
+        return f"{locale} (ICU)"
+    c_like = C_COLLATIONS | {"C", "POSIX"}
+    for name in (collate, ctype):
+        if name not in c_like and not unicode_simple_case(name):
+            return name
+    return ctype if unicode_simple_case(ctype) else "C"
 
 
 class _FormatType:

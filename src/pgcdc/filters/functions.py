@@ -40,13 +40,15 @@ from pgcdc.filters.errors import FilterEvaluationError
 __all__ = [
     "COLLATION_SENSITIVE",
     "IMPLEMENTATIONS",
+    "UNICODE_CASE_SUFFIX",
     "compare_values",
 ]
 
 Impl = Callable[..., object]
 IMPLEMENTATIONS: dict[str, Impl] = {}
 
-#: prosrc of functions whose result depends on the collation (refused unless it is C).
+#: prosrc of functions whose result depends on the collation (refused unless it is C or, but for
+#: initcap, C.UTF-8).
 COLLATION_SENSITIVE = frozenset(
     {
         "text_lt",
@@ -835,6 +837,68 @@ _register("textlike", _like)
 _register("textnlike", lambda s, p: not _like(s, p))
 _register("texticlike", _ilike)
 _register("texticnlike", lambda s, p: not _ilike(s, p))
+
+
+# -- case mapping under C.UTF-8 ---------------------------------------------------------------
+# PostgreSQL maps case one code point at a time (towlower_l/towupper_l under glibc's C.UTF-8,
+# the simple mappings of UnicodeData.txt under the builtin pg_c_utf8): never the full or
+# context-dependent mappings of SpecialCasing.txt that str.lower()/str.upper() apply ('ß' stays
+# 'ß' in upper(), 'İ' lowers to 'i', a final 'Σ' to 'σ').
+
+#: IMPLEMENTATIONS[name + UNICODE_CASE_SUFFIX]: the function under C.UTF-8.
+UNICODE_CASE_SUFFIX = "@c.utf8"
+
+
+def _simple_lower_of(c: str) -> str:
+    full = c.lower()
+    if len(full) == 1:
+        return full
+    return "i" if c == "\u0130" else c  # İ: the only code point whose full lowering is longer
+
+
+def _simple_upper_of(c: str) -> str:
+    full = c.upper()
+    if len(full) == 1:
+        return full
+    # SpecialCasing's longer uppercase forms: where a simple mapping exists (the Greek letters
+    # with ypogegrammeni, ᾳ -> ᾼ) it is the single-code-point titlecase; elsewhere none (ß, ﬀ)
+    title = c.title()
+    return title if len(title) == 1 else c
+
+
+class _SimpleCase(dict[int, str]):
+    """str.translate table mapping each code point on first sight."""
+
+    def __init__(self, one: Callable[[str], str]) -> None:
+        super().__init__()
+        self._one = one
+
+    def __missing__(self, code: int) -> str:
+        mapped = self[code] = self._one(chr(code))
+        return mapped
+
+
+_SIMPLE_LOWER = _SimpleCase(_simple_lower_of)
+_SIMPLE_UPPER = _SimpleCase(_simple_upper_of)
+
+
+def _unicode_lower(s: str) -> str:
+    return s.translate(_SIMPLE_LOWER)
+
+
+def _unicode_upper(s: str) -> str:
+    return s.translate(_SIMPLE_UPPER)
+
+
+def _unicode_ilike(s: str, pattern: str) -> bool:
+    # Generic_Text_IC_like: in a multibyte encoding both sides go through lower() first
+    return match_text(_unicode_lower(s), _unicode_lower(pattern)) == _LIKE_TRUE
+
+
+_register("lower" + UNICODE_CASE_SUFFIX, _unicode_lower)
+_register("upper" + UNICODE_CASE_SUFFIX, _unicode_upper)
+_register("texticlike" + UNICODE_CASE_SUFFIX, _unicode_ilike)
+_register("texticnlike" + UNICODE_CASE_SUFFIX, lambda s, p: not _unicode_ilike(s, p))
 _register("namelike", _like)
 _register("namenlike", lambda s, p: not _like(s, p))
 _register("like_escape", _like_escape)

@@ -45,16 +45,31 @@ from pgcdc.filters.errors import (
     ReplicaIdentityError,
     UnsupportedFilterError,
 )
-from pgcdc.filters.functions import COLLATION_SENSITIVE, IMPLEMENTATIONS
+from pgcdc.filters.functions import COLLATION_SENSITIVE, IMPLEMENTATIONS, UNICODE_CASE_SUFFIX
 from pgcdc.protocol.messages import Relation
 
-__all__ = ["C_COLLATIONS", "prepare"]
+__all__ = ["C_COLLATIONS", "prepare", "unicode_simple_case"]
 
 #: Collations whose text ordering is code point order and whose case mapping is ASCII-only.
 C_COLLATIONS = frozenset({"C", "POSIX", "ucs_basic"})
-#: Collations ordering by code point but mapping case for all of Unicode (PostgreSQL 17+).
-_CODEPOINT_ORDER = C_COLLATIONS | {"pg_c_utf8"}
 _CASE_MAPPING = frozenset({"lower", "upper", "initcap", "texticlike", "texticnlike"})
+
+
+def unicode_simple_case(name: str | None) -> bool:
+    """Is this C.UTF-8: code point order and Unicode's simple case mapping?
+
+    glibc's C.UTF-8 (libc provider; initdb's default here) orders by code point (its LC_COLLATE
+    says ``codepoint_collation``) and maps case with i18n_ctype's per-character tables;
+    PostgreSQL 17's builtin provider (``pg_c_utf8``) does the same with its own Unicode tables.
+    glibc accepts the codeset as UTF-8, utf8, UTF8 and so on.
+    """
+    if name is None:
+        return False
+    if name == "pg_c_utf8":
+        return True
+    base, _, codeset = name.partition(".")
+    return base == "C" and codeset.replace("-", "").lower() == "utf8"
+
 
 _NONE, _IMPLICIT, _CONFLICT, _EXPLICIT = 0, 1, 2, 3
 _ONLY_DETAIL = (
@@ -257,7 +272,11 @@ def _effective(state: _Coll, database: str) -> str | None:
     return state.name
 
 
-def _check_support(node: Bound, collations: _Collations, database: str) -> None:
+def _check_support(
+    node: Bound, collations: _Collations, database: str, unicode_case: set[int]
+) -> None:
+    """Refuse what cannot be evaluated exactly; note the calls that map case as C.UTF-8 does
+    (``unicode_case``, by id)."""
     if isinstance(node, Var) and node.type not in datums.SUPPORTED_TYPES:
         raise UnsupportedFilterError(
             f'column "{node.name}" has type {catalog.format_type(node.type)}, which client-side '
@@ -294,50 +313,65 @@ def _check_support(node: Bound, collations: _Collations, database: str) -> None:
             )
         if call.implementation in COLLATION_SENSITIVE:
             collation = _effective(collations.input.get(id(node), _NO_COLL), database)
-            allowed = C_COLLATIONS if call.implementation in _CASE_MAPPING else _CODEPOINT_ORDER
-            if collation not in allowed:
-                what = "case mapping" if call.implementation in _CASE_MAPPING else "text ordering"
-                raise CollationError(
-                    f"{what} under collation {collation or '(indeterminate)'} is not supported "
-                    "by client-side row filters",
-                    sqlstate="0A000",
-                    detail="Client-side evaluation orders text by code point and maps case for "
-                    "ASCII only, which is what the C collation does.",
-                    hint='Add COLLATE "C" to the expression, or filter on the server '
-                    "(a publication WHERE clause).",
-                    position=_pos(node.location),
-                )
+            if collation in C_COLLATIONS:
+                continue
+            if unicode_simple_case(collation) and call.implementation != "initcap":
+                if call.implementation in _CASE_MAPPING:
+                    unicode_case.add(id(call))
+                continue
+            what = "case mapping" if call.implementation in _CASE_MAPPING else "text ordering"
+            raise CollationError(
+                f"{what} under collation {collation or '(indeterminate)'} is not supported "
+                "by client-side row filters",
+                sqlstate="0A000",
+                detail="Client-side evaluation orders text by code point and maps case as the "
+                "C collation (ASCII only) and C.UTF-8 (Unicode's simple case mapping) do; "
+                "initcap only under C.",
+                hint='Add COLLATE "C" to the expression, or filter on the server '
+                "(a publication WHERE clause).",
+                position=_pos(node.location),
+            )
     for child in children(node):
-        _check_support(child, collations, database)
+        _check_support(child, collations, database, unicode_case)
 
 
-def _attach(node: _N) -> _N:
+def _attach(node: _N, unicode_case: frozenset[int] = frozenset()) -> _N:
     """The tree with every Call's ``fn`` set from IMPLEMENTATIONS."""
     if isinstance(node, Call):
-        args = tuple(_attach(a) for a in node.args)
-        return replace(node, args=args, fn=IMPLEMENTATIONS[node.implementation])
+        args = tuple(_attach(a, unicode_case) for a in node.args)
+        name = node.implementation
+        if id(node) in unicode_case:
+            name += UNICODE_CASE_SUFFIX
+        return replace(node, args=args, fn=IMPLEMENTATIONS[name])
     if isinstance(node, BoolExpr | CoalesceExpr):
-        return replace(node, args=tuple(_attach(a) for a in node.args))
+        return replace(node, args=tuple(_attach(a, unicode_case) for a in node.args))
     if isinstance(node, MinMaxExpr):
         return replace(
-            node, args=tuple(_attach(a) for a in node.args), compare=_attach(node.compare)
+            node,
+            args=tuple(_attach(a, unicode_case) for a in node.args),
+            compare=_attach(node.compare, unicode_case),
         )
     if isinstance(node, NullTest | BooleanTest | RelabelType | CollateExpr):
-        return replace(node, arg=_attach(node.arg))
+        return replace(node, arg=_attach(node.arg, unicode_case))
     if isinstance(node, DistinctExpr | NullIfExpr):
-        return replace(node, eq=_attach(node.eq))
+        return replace(node, eq=_attach(node.eq, unicode_case))
     if isinstance(node, ScalarArrayOpExpr):
         return replace(
-            node, op=_attach(node.op), left=_attach(node.left), array=_attach(node.array)
+            node,
+            op=_attach(node.op, unicode_case),
+            left=_attach(node.left, unicode_case),
+            array=_attach(node.array, unicode_case),
         )
     if isinstance(node, ArrayExpr):
-        return replace(node, elements=tuple(_attach(e) for e in node.elements))
+        return replace(node, elements=tuple(_attach(e, unicode_case) for e in node.elements))
     if isinstance(node, CaseExpr):
         return replace(
             node,
-            arg=None if node.arg is None else _attach(node.arg),
-            whens=tuple((_attach(c), _attach(r)) for c, r in node.whens),
-            default=_attach(node.default),
+            arg=None if node.arg is None else _attach(node.arg, unicode_case),
+            whens=tuple(
+                (_attach(c, unicode_case), _attach(r, unicode_case)) for c, r in node.whens
+            ),
+            default=_attach(node.default, unicode_case),
         )
     return node
 
@@ -351,5 +385,6 @@ def prepare(
     _check_rowfilter(node, collations)
     if publishes_update_or_delete:
         _check_replica_identity(node, relation)
-    _check_support(node, collations, collation)
-    return _attach(node)
+    unicode_case: set[int] = set()
+    _check_support(node, collations, collation, unicode_case)
+    return _attach(node, frozenset(unicode_case))
