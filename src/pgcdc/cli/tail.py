@@ -129,7 +129,6 @@ def run(args: argparse.Namespace) -> int:
             check_filters(
                 conn,
                 filters,
-                publishes_update_or_delete=bool({"update", "delete"} & set(actions)),
                 collation=collation,
                 registry=registry,
             )

@@ -140,14 +140,16 @@ def check_filters(
     conn: psycopg.Connection[Any],
     filters: dict[str, list[str]],
     *,
-    publishes_update_or_delete: bool,
     collation: str,
     registry: Any = None,
 ) -> None:
     """Bind every filter to its table as it is now, so bad filters fail before streaming.
 
     Raises the filter's error (``RowFilterError`` subclasses, with PostgreSQL's wording) or
-    LookupError for a table that does not exist.
+    LookupError for a table that does not exist. A filter on columns outside the replica
+    identity passes, as CREATE PUBLICATION accepts it: like the server, which then refuses
+    the table's UPDATE and DELETE statements, StreamFilter fails at the first UPDATE or DELETE
+    of the table (an insert-only table's filter just works).
     """
     for table, exprs in filters.items():
         namespace, _, name = table.partition(".")
@@ -156,6 +158,6 @@ def check_filters(
             RowFilter.parse(expr).bind(
                 relation,
                 registry,
-                publishes_update_or_delete=publishes_update_or_delete,
+                publishes_update_or_delete=False,
                 collation=collation,
             )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 
+from pgcdc.filters.errors import ReplicaIdentityError
 from pgcdc.filters.rowfilter import BoundFilter
 from pgcdc.filters.rules import Action, FilterSet, TableRule
 from pgcdc.protocol.messages import (
@@ -213,16 +214,26 @@ class StreamFilter:
         published = rule.filters.get(action)
         bound: BoundFilter | None = None
         if published:
-            parts = [
-                item.filter.bind(
-                    relation,
-                    self.registry,
-                    publishes_update_or_delete=action != "insert"
-                    and item.publishes_update_or_delete,
-                    collation=self.collation,
-                )
-                for item in published
-            ]
+            try:
+                parts = [
+                    item.filter.bind(
+                        relation,
+                        self.registry,
+                        publishes_update_or_delete=action != "insert"
+                        and item.publishes_update_or_delete,
+                        collation=self.collation,
+                    )
+                    for item in published
+                ]
+            except ReplicaIdentityError as exc:
+                # what PostgreSQL says to the statement (CheckCmdReplicaIdentity)
+                verb = "update" if action == "update" else "delete from"
+                raise ReplicaIdentityError(
+                    f'cannot {verb} table "{relation.name}"',
+                    sqlstate=exc.sqlstate,
+                    detail=exc.detail,
+                    hint=exc.hint,
+                ) from exc
             bound = BoundFilter.any_of(parts)
         cached[action] = bound
         log.debug(
