@@ -260,3 +260,45 @@ def test_a_two_phase_slot_below_version_3_same_as_test_decoding(
     args += ["--proto-version", str(proto), "--streaming", streaming]
     got = _tail(decoded.pg, *args)
     assert got.decode("utf-8").splitlines() == decoded.expected[True].decode("utf-8").splitlines()
+
+
+def test_binary_values_of_types_the_codec_cannot_read(pg: PgDatabase) -> None:
+    """``--binary`` on composites, ranges, multiranges, an enum, a domain over a composite and
+    arrays of them: values of types the codec has no reader for are rendered by the server's
+    own receive and output functions, so the output is test_decoding's and the stream never
+    stops (it stopped at the first composite; issue 26)."""
+    pg.execute(
+        """
+        CREATE TYPE pair AS (a int, b text);
+        CREATE TYPE nest AS (p pair, r int4range, tags text[]);
+        CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+        CREATE DOMAIN pos AS int CHECK (VALUE > 0);
+        CREATE TABLE odd (id int PRIMARY KEY, pr pair, ns nest, rg int4range, nr numrange,
+                          ts tstzrange, m mood, d pos, prs pair[], rgs int4range[],
+                          pt point, bx box, ls pg_lsn, tv tsvector, mo money);
+        CREATE PUBLICATION podd FOR TABLE odd;
+        """
+    )
+    if pg.major >= 14:
+        pg.execute("ALTER TABLE odd ADD COLUMN mr int4multirange")
+    for plugin in ("test_decoding", "pgoutput"):
+        pg.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (f"odd_{plugin}", plugin))
+    pg.execute(
+        """
+        INSERT INTO odd VALUES
+          (1, '(1,"x y")', '("(2,z)","[3,7)","{a,\\"b c\\"}")', '[3,7)', '(1.5,2.25]',
+           '["2024-01-01 10:00+00",infinity)', 'happy', 5, ARRAY['(1,a)', NULL, '(,)']::pair[],
+           '{"[1,2)",empty}', '(1.5,-2)', '((0,0),(1,1))', '16/B374D848', 'a:1 b:2', '12.34'),
+          (2, NULL, NULL, 'empty', '(,)', NULL, NULL, NULL, '{}', NULL, NULL, NULL, NULL, '',
+           NULL);
+        UPDATE odd SET rg = '(,5]', pr = '(3,)' WHERE id = 1;
+        DELETE FROM odd WHERE id = 2;
+        """
+    )
+    if pg.major >= 14:
+        pg.execute("UPDATE odd SET mr = '{[1,3), [5,8)}' WHERE id = 1")
+    expected = _test_decoding(pg, "odd_test_decoding")
+    assert b"pr[pair]:'(1,\"x y\")'" in expected and b"rg[int4range]:'[3,7)'" in expected
+    for binary in ([], ["--binary"]):
+        got = _tail(pg, "--slot", "odd_pgoutput", "--publication", "podd", *binary)
+        assert got.decode().splitlines() == expected.decode().splitlines(), binary

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import pq
 
 from pgcdc.decoding import run as run_plugin
 from pgcdc.decoding.printers import JsonPrinter, TestDecodingPrinter, TwoPhaseTestDecodingPrinter
@@ -23,6 +24,7 @@ from pgcdc.filters import FilterEvaluationError, FilterSet, RowFilter, RowFilter
 from pgcdc.filters.source import FilteredSource, check_filters
 from pgcdc.filters.validate import C_COLLATIONS, unicode_simple_case
 from pgcdc.lsn import Lsn
+from pgcdc.protocol.values.errors import ConversionError
 from pgcdc.protocol.values.registry import TypeRegistry
 from pgcdc.replication import (
     ReplicationError,
@@ -157,9 +159,16 @@ def run(args: argparse.Namespace) -> int:
                 log.info("slot %s exists; reading it", args.slot)
 
         names = _FormatType(args.dsn)
+        server_text = _ServerText(args.dsn)
         printer: Any
         if args.format == "json":
-            printer = JsonPrinter(write, registry=registry, timezone=timezone, flush=out.flush)
+            printer = JsonPrinter(
+                write,
+                registry=registry,
+                timezone=timezone,
+                server_text=server_text,
+                flush=out.flush,
+            )
         else:
             cls = TwoPhaseTestDecodingPrinter if two_phase else TestDecodingPrinter
             printer = cls(
@@ -168,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
                 major=major,
                 registry=registry,
                 timezone=timezone,
+                server_text=server_text,
                 flush=out.flush,
             )
         source: Any
@@ -191,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
                 )
         finally:
             names.close()
+            server_text.close()
         out.flush()
         log.info(
             "stopped (%s): confirmed %s, %d transactions",
@@ -282,6 +293,38 @@ def database_collation(provider: str, collate: str, ctype: str, locale: str | No
         if name not in c_like and not unicode_simple_case(name):
             return name
     return ctype if unicode_simple_case(ctype) else "C"
+
+
+class _ServerText:
+    """Binary values of types the codec cannot read (an extension's, say), rendered by the
+    source with the type's own receive and output functions: what test_decoding prints."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._conn: psycopg.Connection[Any] | None = None
+        self._told: set[int] = set()
+
+    def __call__(self, oid: int, data: bytes) -> str:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self._dsn, autocommit=True)
+        if oid not in self._told:
+            self._told.add(oid)
+            log.info("binary values of type OID %d are rendered by the server", oid)
+        # the parameter goes in binary with the column's type: the server runs its receive
+        # function, and the cast to text its output function (automatic I/O conversion)
+        result = self._conn.pgconn.exec_params(b"SELECT $1::text", [data], [oid], [1], 0)
+        if result.status != pq.ExecStatus.TUPLES_OK:
+            message = (result.error_message or b"").decode("utf-8", "replace").strip()
+            raise ConversionError(
+                f"the server could not render a binary value of type OID {oid}: {message}"
+            )
+        text = result.get_value(0, 0)
+        assert text is not None  # a non-NULL value has a text form
+        return text.decode("utf-8")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
 
 
 class _FormatType:

@@ -26,7 +26,7 @@ from pgcdc.decoding.transaction import Change, LogicalMessage, Transaction, Trun
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.identifiers import quote_identifier, quote_literal, quote_qualified_identifier
 from pgcdc.protocol.messages import UNCHANGED_TOAST, TupleData, TupleValue
-from pgcdc.protocol.values import pg_text
+from pgcdc.protocol.values import ServerText, pg_text
 from pgcdc.protocol.values.oids import DISPLAY_NAMES
 from pgcdc.protocol.values.registry import TypeRegistry
 
@@ -43,14 +43,24 @@ _BOOL = 16
 class _ValueText:
     """The text output of a column value, whether it arrived as text or binary."""
 
-    def __init__(self, registry: TypeRegistry | None, timezone: str) -> None:
+    def __init__(
+        self, registry: TypeRegistry | None, timezone: str, server_text: ServerText | None
+    ) -> None:
         self.registry = registry
         self.timezone = timezone
+        self.server_text = server_text
 
     def __call__(self, value: str | bytes, type_id: int, type_modifier: int) -> str:
         if isinstance(value, str):
             return value
-        return pg_text(value, type_id, type_modifier, self.registry, timezone=self.timezone)
+        return pg_text(
+            value,
+            type_id,
+            type_modifier,
+            self.registry,
+            timezone=self.timezone,
+            server_text=self.server_text,
+        )
 
 
 class TestDecodingPrinter(OutputPlugin):
@@ -59,7 +69,8 @@ class TestDecodingPrinter(OutputPlugin):
     ``write`` receives each output line (test_decoding's OutputPluginWrite) without a newline;
     ``type_names`` names non-built-in types as ``format_type(oid, NULL)`` does; ``major`` is the
     server's major version (its keyword list decides identifier quoting); ``timezone`` the
-    session TimeZone for rendering binary timestamptz values. With ``two_phase`` it implements
+    session TimeZone for rendering binary timestamptz values; ``server_text`` renders binary
+    values of types the codec cannot read (see ``pg_text``). With ``two_phase`` it implements
     the two-phase callbacks and prints prepared transactions at PREPARE time, as test_decoding
     does on a slot with two-phase decoding enabled.
     """
@@ -74,13 +85,14 @@ class TestDecodingPrinter(OutputPlugin):
         major: int = 18,
         registry: TypeRegistry | None = None,
         timezone: str = "UTC",
+        server_text: ServerText | None = None,
         flush: Callable[[], None] | None = None,
     ) -> None:
         self._write = write
         self._flush = flush
         self._type_names = type_names
         self._major = major
-        self._text = _ValueText(registry, timezone)
+        self._text = _ValueText(registry, timezone, server_text)
         self._wrote = False
         self._display: dict[int, str] = {}
 
@@ -241,11 +253,12 @@ class JsonPrinter(OutputPlugin):
         *,
         registry: TypeRegistry | None = None,
         timezone: str = "UTC",
+        server_text: ServerText | None = None,
         flush: Callable[[], None] | None = None,
     ) -> None:
         self._write = write
         self._flush = flush
-        self._text = _ValueText(registry, timezone)
+        self._text = _ValueText(registry, timezone, server_text)
 
     def _emit(self, obj: dict[str, Any]) -> None:
         self._write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))

@@ -40,6 +40,7 @@ __all__ = [
     "CONVERTERS",
     "UNKNOWN",
     "Plan",
+    "ServerText",
     "arrow_type",
     "loader",
     "pg_text",
@@ -231,27 +232,37 @@ def pg_text(
     registry: TypeRegistry | None = None,
     *,
     timezone: str = "UTC",
+    server_text: ServerText | None = None,
 ) -> str:
     """The text PostgreSQL's output function prints for a value (as test_decoding does).
 
     Text-format values are returned unchanged. Binary values are rendered with DateStyle ISO,
     IntervalStyle postgres, extra_float_digits 1, bytea_output hex, lc_monetary C and, for
-    timestamptz, the session time zone ``timezone`` (an IANA name). Raises ConversionError for
-    a binary value of a type the codec cannot print (an unknown base type).
+    timestamptz, the session time zone ``timezone`` (an IANA name). A binary value of a type
+    the codec cannot print (an unknown base type, or an element of an array of one) goes to
+    ``server_text`` (type OID, bytes), which asks a server; without it, ConversionError.
     """
     if isinstance(value, str):
         return value
     if not isinstance(value, bytes):
         raise _value_type_error(value, "pg_text")
-    return _render(plan_for(type_oid, registry), value, timezone)
+    return _render(plan_for(type_oid, registry), value, timezone, server_text)
 
 
-def _render(plan: Plan, data: bytes, timezone: str) -> str:
+#: Renders a binary value of a type OID with the server's own receive and output functions.
+ServerText = Callable[[int, bytes], str]
+
+
+def _render(plan: Plan, data: bytes, timezone: str, server_text: ServerText | None) -> str:
     element = plan.element
     if element is not None:
         parsed = parse_binary_array(data)
-        return array_text(parsed, lambda e: _render(element, e, timezone), plan.delimiter)
+        return array_text(
+            parsed, lambda e: _render(element, e, timezone, server_text), plan.delimiter
+        )
     if plan.converter is UNKNOWN:
+        if server_text is not None:
+            return server_text(plan.oid, data)
         raise ConversionError(
             f"cannot print a binary value of {plan.name}: the codec has no output function for "
             "it. Stream the column in text format (leave out the binary option), or add the "
