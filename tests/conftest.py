@@ -16,8 +16,26 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("PGCDC_HYPOTHESIS", "ci"))
 
 
+#: The longest modules (measured in a CI run), handed out first.
+LONGEST = (
+    "chaos/test_network.py",
+    "lake/test_matrix.py",
+    "spark/test_standalone.py",
+    "lake/test_cli.py",
+    "lake/test_multiset.py",
+    "lake/test_pipeline.py",
+    "cli/test_run_signals.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with slow tests first: pytest-xdist hands out whole modules in this order, so
-    the two workers do not end with one of them alone on a long module."""
+    """The longest modules first, then the others with slow tests: pytest-xdist hands out
+    whole modules in this order, so the two workers do not end with one of them alone on a
+    long module."""
     slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_modules)  # stable: order kept within
+
+    def order(item: pytest.Item) -> tuple[int, int]:
+        rank = next((i for i, m in enumerate(LONGEST) if item.path.match(m)), len(LONGEST))
+        return (0 if item.path in slow_modules else 1, rank)
+
+    items.sort(key=order)  # stable: the order within a module is kept

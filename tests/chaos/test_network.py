@@ -24,6 +24,9 @@ from tests.fix_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 
+#: transactions of 2,000 rows in the fast shutdown test's backlog, one batch each
+TRANSACTIONS = 16
+
 
 class Writer:
     """Transactions of inserts, updates and deletes (now and then one big enough to be
@@ -203,7 +206,7 @@ def test_fast_shutdown_while_batches_are_pending_is_prompt(
     try:
         assert started.wait(300) and not failures, failures
         with psycopg.connect(pg.dsn(), autocommit=True) as conn:
-            for t in range(40):  # 40 batches of one transaction each: a backlog of some 40 s
+            for t in range(TRANSACTIONS):  # a batch each: a backlog of some 16 s at least
                 conn.execute(
                     "INSERT INTO items SELECT g, repeat('b', 200), %s "
                     "FROM generate_series(%s::bigint, %s::bigint) g",
@@ -221,7 +224,7 @@ def test_fast_shutdown_while_batches_are_pending_is_prompt(
                 break
             assert time.monotonic() < deadline and not failures, failures
             time.sleep(0.1)
-        assert progress is not None and progress.changes < 40 * 2000 // 2
+        assert progress is not None and progress.changes < TRANSACTIONS * 2000 // 2
         started_at = time.monotonic()
         pg.cluster.restart()
         took = time.monotonic() - started_at
@@ -243,4 +246,4 @@ def test_fast_shutdown_while_batches_are_pending_is_prompt(
     layout = LakeLayout(tmp_path / "lake")
     changelog = DeltaTarget(layout.table_path("public", "items", "changelog"))
     ids = changelog.read(columns=["id"]).column(0).to_pylist()
-    assert sorted(ids) == list(range(-50, 0)) + list(range(40 * 2000))  # each change once
+    assert sorted(ids) == list(range(-50, 0)) + list(range(TRANSACTIONS * 2000))  # each once

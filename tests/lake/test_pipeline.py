@@ -118,7 +118,7 @@ def test_randomized_workload(pg: PgDatabase, spark: Any, tmp_path: Path) -> None
             {"name": "everything", "history": True, "changelog": True},
             {"name": "kv", "history": True},
         ],
-        stream={"max_changes_per_trigger": 400, "trigger_interval": 1},
+        stream={"max_changes_per_trigger": 1000, "trigger_interval": 1},
     )
     pipeline = Pipeline(config, spark=spark)
     plan = pipeline.check()
