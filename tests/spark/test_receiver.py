@@ -285,6 +285,25 @@ def test_receiver_refuses_a_busy_slot_after_waiting(pg: PgDatabase):
     one.stop()
 
 
+def test_receiver_first_connect_waits_out_a_server_restart(pg: PgDatabase):
+    """The receiver's first connection follows the reconnect policy of a running stream: a
+    query started (or restarted after a network cut) while the server restarts waits for it
+    instead of failing (it failed at once: the chaos suite's network test under load)."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    receiver = Receiver(ReceiverSettings(pg.dsn(), "s", ("pub",), slot_wait=0.5))
+    pg.cluster.stop_server()
+    try:
+        receiver.start()
+        time.sleep(2)
+    finally:
+        pg.cluster.start_server()
+    receiver.wait_connected(120)
+    pg.execute("INSERT INTO t VALUES (1)")
+    receiver.stop()
+
+
 def test_receiver_refuses_a_two_phase_slot_at_start(pg: PgDatabase):
     """A two-phase slot sends prepared transactions at PREPARE time in every protocol
     version; the source refuses it before streaming, naming the fix (issue 26)."""

@@ -24,13 +24,16 @@ from pgcdc.lsn import Lsn
 from pgcdc.replication import (
     Idle,
     Reconnected,
+    ReplicationError,
     ReplicationSession,
+    ServerUnreachableError,
     SlotActiveError,
     SlotNotFoundError,
     StreamOptions,
     WalData,
     slot_info,
 )
+from pgcdc.replication.reconnect import Backoff
 from pgcdc.spark.errors import SparkSourceError
 from pgcdc.spark.framer import Framer
 from pgcdc.spark.index import TransactionIndex
@@ -84,8 +87,13 @@ class Receiver:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        # a missing slot is the session's to report, with its own fix
-        info = slot_info(self.settings.dsn, self.settings.slot)
+        # a missing slot is the session's to report, with its own fix; an unreachable server
+        # its reconnect policy's (the framer still refuses a prepared transaction)
+        try:
+            info = slot_info(self.settings.dsn, self.settings.slot)
+        except ReplicationError as exc:
+            log.info("could not check slot %s for two_phase: %s", self.settings.slot, exc)
+            info = None
         if info is not None and info.two_phase:
             # its prepared transactions would arrive at PREPARE time, before they commit or not
             raise SparkSourceError(
@@ -179,6 +187,7 @@ class Receiver:
             publication_names=settings.publications, binary=settings.binary, streaming="on"
         )
         deadline = time.monotonic() + settings.slot_wait
+        outage: Backoff | None = None
         while True:
             session = ReplicationSession(
                 settings.dsn,
@@ -191,6 +200,22 @@ class Receiver:
             try:
                 session.connect()
                 return session
+            except ServerUnreachableError as exc:
+                # the source answered SQL a moment ago (the query's start checked the slot):
+                # a network blip or a server restart gets the reconnect policy of a running
+                # stream, not a failed query
+                session.close()
+                outage = outage or Backoff(session.reconnect)
+                delay = outage.next_delay()
+                if delay is None or self._stop.is_set():
+                    raise
+                log.warning(
+                    "receiver for slot %s could not connect (%s); retrying in %.1fs",
+                    settings.slot,
+                    exc.cause,
+                    delay,
+                )
+                time.sleep(delay)
             except SlotActiveError:
                 session.close()
                 if time.monotonic() > deadline or self._stop.is_set():
