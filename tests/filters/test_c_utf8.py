@@ -58,7 +58,7 @@ def test_case_mapping_matches_the_server_code_point_by_code_point(pg: PgDatabase
                     ][:3] or [f"{s!r}: lengths differ"]
         # Python 3.11's tables are Unicode 14's, glibc 2.36's too; PostgreSQL 18's builtin
         # provider has Unicode 16's, which gave these two letters an uppercase (a known limit,
-        # in docs/row-filters.md)
+        # in the README's Row filters section)
         known = (
             [
                 "U+019B _unicode_upper: server '\\ua7dc', pgcdc 'ƛ'",
