@@ -140,7 +140,7 @@ def _huge_stream(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("rows", "streamed"), [(400_000, True), (200_000, False)], ids=["streamed", "regular"]
+    ("rows", "streamed"), [(250_000, True), (200_000, False)], ids=["streamed", "regular"]
 )
 def test_huge_transaction_memory_is_bounded(tmp_path: Path, rows: int, streamed: bool) -> None:
     limit = 2 * 1024 * 1024

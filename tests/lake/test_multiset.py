@@ -109,7 +109,7 @@ def test_random_workload_on_identical_rows(pg: PgDatabase, spark: Any, tmp_path:
         [{"name": "public.m", "history": True, "changelog": True}],
         stream={"max_changes_per_trigger": 60},  # several batches per run
     )
-    for run in range(4):
+    for run in range(3):
         if run:
             with pg.connect() as conn:
                 for _ in range(25):
