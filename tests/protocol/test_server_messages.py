@@ -374,18 +374,23 @@ def test_stream_abort_top_level(tables: PgDatabase, proto: int) -> None:
     _check_abort_info(abort, proto)
 
 
+def _commit_and_roll_back_prepared(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """Two prepared transactions: 'gid-1' (id 1) committed, 'gid-2' (id 2) rolled back."""
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO t VALUES (1)")
+    conn.execute("PREPARE TRANSACTION 'gid-1'")
+    conn.execute("COMMIT PREPARED 'gid-1'")
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO t VALUES (2)")
+    conn.execute("PREPARE TRANSACTION 'gid-2'")
+    conn.execute("ROLLBACK PREPARED 'gid-2'")
+
+
 def test_two_phase(tables: PgDatabase) -> None:
     pg = tables
     _slot(pg, "s", two_phase=True)
     with pg.connect() as conn:
-        conn.execute("BEGIN")
-        conn.execute("INSERT INTO t VALUES (1)")
-        conn.execute("PREPARE TRANSACTION 'gid-1'")
-        conn.execute("COMMIT PREPARED 'gid-1'")
-        conn.execute("BEGIN")
-        conn.execute("INSERT INTO t VALUES (2)")
-        conn.execute("PREPARE TRANSACTION 'gid-2'")
-        conn.execute("ROLLBACK PREPARED 'gid-2'")
+        _commit_and_roll_back_prepared(conn)
     messages = _decode(_changes(pg, "s", 3, two_phase="true"), 3)
     assert _kinds(messages) == [
         "BeginPrepare",
@@ -419,14 +424,7 @@ def test_a_two_phase_slot_sends_prepares_in_every_version(tables: PgDatabase, pr
     pg = tables
     _slot(pg, "s", two_phase=True)
     with pg.connect() as conn:
-        conn.execute("BEGIN")
-        conn.execute("INSERT INTO t VALUES (1)")
-        conn.execute("PREPARE TRANSACTION 'gid-1'")
-        conn.execute("COMMIT PREPARED 'gid-1'")
-        conn.execute("BEGIN")
-        conn.execute("INSERT INTO t VALUES (2)")
-        conn.execute("PREPARE TRANSACTION 'gid-2'")
-        conn.execute("ROLLBACK PREPARED 'gid-2'")
+        _commit_and_roll_back_prepared(conn)
         if proto >= 2:
             conn.execute("BEGIN")
             _big_txn(conn, 10)

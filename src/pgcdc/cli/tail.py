@@ -288,9 +288,8 @@ def database_collation(provider: str, collate: str, ctype: str, locale: str | No
         return {"C": "C", "C.UTF-8": "pg_c_utf8"}.get(locale or "", locale or "builtin")
     if provider == "i":
         return f"{locale} (ICU)"
-    c_like = C_COLLATIONS | {"C", "POSIX"}
     for name in (collate, ctype):
-        if name not in c_like and not unicode_simple_case(name):
+        if name not in C_COLLATIONS and not unicode_simple_case(name):
             return name
     return ctype if unicode_simple_case(ctype) else "C"
 
