@@ -64,6 +64,27 @@ def test_small_files_are_compacted_and_replaced_files_vacuumed(spark: Any, tmp_p
     assert sorted(target.read().column("id").to_pylist()) == sorted(rows + list(range(60, 80)))
 
 
+def test_a_vacuum_counts_for_the_next_process_through_the_tables_log(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Scheduled runs (``--until-caught-up`` every few minutes) vacuum a table once per
+    ``vacuum_interval``, not once per run: a process that never vacuumed the table reads the
+    last vacuum's time from its log."""
+    from pgcdc.lake import maintenance
+
+    path = _appended(spark, tmp_path / "t", 2)
+    assert maintenance.last_vacuum(path) is None
+    first = Maintenance(compact_files=0)
+    assert first.vacuum_if_due(spark, "t", path)
+    maintenance._vacuumed.clear()  # as in the next process
+    ended = maintenance.last_vacuum(path)
+    assert ended is not None and abs(time.monotonic() - ended) < 120
+    assert not Maintenance(compact_files=0).vacuum_if_due(spark, "t", path)
+    maintenance._vacuumed.clear()
+    later = time.monotonic() + first.vacuum_interval + 1
+    assert Maintenance(compact_files=0).vacuum_if_due(spark, "t", path, now=later)
+
+
 def test_rows_marked_deleted_are_purged_past_the_share(spark: Any, tmp_path: Path) -> None:
     from delta.tables import DeltaTable
 

@@ -4,10 +4,13 @@
 Python worker, so it is a plain picklable object), but no row of the batch passes through it:
 one small Spark job per batch gathers per table its change counts, LSN range, TRUNCATEs and
 unchanged-TOAST columns (``changes.batch_overview``), then for each table with changes and each
-of its Delta tables (history, mirror, changelog, in that order) not already holding this
-batch's commit, the rows are built in Spark and written by Delta's Spark connector on the
-executors: a MERGE into the history and the mirror, an append to the changelog, one commit per
-Delta table, tagged with the application transaction ``(app_id, batch id)``. A replayed batch's
+of its Delta tables (history, mirror, changelog) not already holding this batch's commit, the
+rows are built in Spark and written by Delta's Spark connector on the executors: a MERGE into
+the history and the mirror, an append to the changelog, one commit per Delta table, tagged
+with the application transaction ``(app_id, batch id)``. A table's Delta tables are written at
+the same time (each Delta operation's fixed cost, planning and job scheduling, is most of a
+small batch's time); what the history reads of the mirror is pinned to its version before
+the batch. A replayed batch's
 commits that are already there are skipped (and Delta itself skips a tagged write it already
 has). However large a transaction, it passes through the executors' memory and disk, never
 through the driver.
@@ -23,12 +26,12 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from pgcdc.lake.catalog import missing_values
 from pgcdc.lake.changelog import append_changelog, changelog_rows
@@ -39,7 +42,7 @@ from pgcdc.lake.changes import (
     resolve_unchanged,
     table_events,
 )
-from pgcdc.lake.delta import cache_level, is_delta_table
+from pgcdc.lake.delta import cache_level
 from pgcdc.lake.history import history_rows, merge_history
 from pgcdc.lake.maintenance import Maintenance
 from pgcdc.lake.mirror import merge_mirror, mirror_rows
@@ -60,8 +63,11 @@ __all__ = [
 
 log = logging.getLogger("pgcdc.lake")
 
-#: tables of one batch written at the same time
+#: tables of one batch written (and maintained) at the same time
 PARALLEL_TABLES = 4
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 @dataclass(slots=True)
@@ -143,8 +149,7 @@ def _lsn(value: int | None) -> str:
     return "-" if value is None else str(Lsn(value))
 
 
-#: the order a batch writes a table's Delta tables in: the history reads the mirror as it was
-#: before the batch (unchanged TOAST values, a keyless table's stored copies)
+#: a table's Delta tables, in the order their writes start
 _ORDER: tuple[TableKind, ...] = ("history", "mirror", "changelog")
 
 
@@ -259,8 +264,15 @@ class LakeBatchWriter:
             },
         )
         # after the batch's timing (its lag and duration are its commits') and its unpersist
-        if self.maintenance is not None:
-            self.maintenance.after_batch(df.sparkSession, written)
+        maintenance = self.maintenance
+        if maintenance is not None:
+            # the tables at the same time, as the batch wrote them
+            _in_sessions(
+                df.sparkSession,
+                lambda session, table: maintenance.after_batch(session, [table]),
+                written,
+                PARALLEL_TABLES,
+            )
         return result
 
     def _apply_tables(self, df: Any, batch_id: int, jobs: Sequence[_TableJob]) -> list[Any]:
@@ -270,34 +282,21 @@ class LakeBatchWriter:
         mostly each Delta operation's fixed cost (planning, the log, job scheduling), which
         the tables then share."""
         commits = _Commits(self.fail_after)
-        spark = df.sparkSession
-        if len(jobs) <= 1:
-            return [self._apply_table(spark, df, batch_id, job, commits) for job in jobs]
 
-        def run(job: _TableJob) -> Any:
-            session = _SESSIONS.borrow(spark)
-            try:
-                return self._apply_table(session, df, batch_id, job, commits)
-            finally:
-                _SESSIONS.give_back(session)
+        def run(session: Any, job: _TableJob) -> Any:
+            return self._apply_table(session, df, batch_id, job, commits)
 
-        workers = min(PARALLEL_TABLES, len(jobs))
-        with ThreadPoolExecutor(workers, thread_name_prefix="pgcdc-table") as pool:
-            futures = [pool.submit(run, job) for job in jobs]
-            wait(futures)
-        errors = [f.exception() for f in futures if f.exception() is not None]
-        if errors:
-            raise errors[0]  # type: ignore[misc]
-        return [f.result() for f in futures]
+        return _in_sessions(df.sparkSession, run, jobs, PARALLEL_TABLES)
 
     def _apply_table(
         self, spark: Any, df: Any, batch_id: int, job: _TableJob, commits: _Commits
     ) -> Any:
-        """Write one table's Delta tables (history, then mirror, then changelog) in ``spark``;
-        the newest commit time its mirror got (None without one)."""
+        """Write one table's Delta tables (history, mirror, changelog), at the same time,
+        each in a Spark session of its own; the newest commit time its mirror got (None
+        without one). The history and a keyless table's row ids read the mirror as it was
+        before the batch: its version is pinned before any of them writes."""
         table, column, info, paths, wanted = job
         metadata = overview_meta(batch_id, info)
-        newest = None
         _, names = image_columns(df, column)
         missing = [k for k in table.keys if k not in names]
         if missing:
@@ -315,16 +314,16 @@ class LakeBatchWriter:
         columns: Sequence[str] = [*names, ROW_ID] if table.multiset else names
         # only INSERTs: the Delta tables' keys are new, the rows are appended without a MERGE
         inserts_only = not (info.updates or info.deletes or info.truncates)
+        stored = None
         resolved = None
         if "mirror" in wanted or "history" in wanted:
+            before = self._mirror_before(paths["mirror"], batch_id, wanted)
+            if before is not None:
+                stored = (
+                    spark.read.format("delta").option("versionAsOf", before).load(paths["mirror"])
+                )
             events = table_events(df, table, column, names)
             if table.multiset:
-                mirror = paths["mirror"]
-                stored = (
-                    spark.read.format("delta").load(mirror)
-                    if is_delta_table(spark, mirror)
-                    else None
-                )
                 events = assign_rows(events, table, columns, info, stored)
                 info = dataclasses.replace(info, unchanged_columns=frozenset())
             resolved = resolve_unchanged(
@@ -336,64 +335,111 @@ class LakeBatchWriter:
             )
             if "mirror" in wanted and "history" in wanted:
                 resolved = resolved.persist(cache_level())
-        try:
-            for kind in _ORDER:
-                path = wanted.get(kind)
-                if path is None:
-                    continue
-                clock = time.monotonic()
-                if kind == "history":
-                    merge_history(
-                        spark,
-                        path,
-                        history_rows(resolved, table, columns, info),
-                        table,
-                        columns,
-                        mirror=paths["mirror"],
-                        overview=info,
-                        inserts_only=inserts_only,
-                        app_id=self.app_id,
-                        version=batch_id,
-                        metadata=metadata,
-                        defaults=defaults,
-                    )
-                elif kind == "mirror":
-                    newest = merge_mirror(
-                        spark,
-                        path,
-                        mirror_rows(resolved, table, columns, info),
-                        table,
-                        columns,
-                        truncated=bool(info.truncates),
-                        inserts_only=inserts_only,
-                        app_id=self.app_id,
-                        version=batch_id,
-                        metadata=metadata,
-                        defaults=defaults,
-                    )
-                else:
-                    append_changelog(
-                        spark,
-                        path,
-                        changelog_rows(df, table, column, names),
-                        table,
-                        app_id=self.app_id,
-                        version=batch_id,
-                        metadata=metadata,
-                        defaults=defaults,
-                    )
-                log.debug(
-                    "batch %s %s %s: %.2f s",
-                    batch_id,
-                    table.table_id,
-                    kind,
-                    time.monotonic() - clock,
+
+        def write(session: Any, kind: TableKind) -> Any:
+            path = wanted[kind]
+            clock = time.monotonic()
+            newest = None
+            if kind == "history":
+                merge_history(
+                    session,
+                    path,
+                    history_rows(resolved, table, columns, info),
+                    table,
+                    columns,
+                    stored=stored,
+                    overview=info,
+                    inserts_only=inserts_only,
+                    app_id=self.app_id,
+                    version=batch_id,
+                    metadata=metadata,
+                    defaults=defaults,
                 )
-                commits.count()
+            elif kind == "mirror":
+                newest = merge_mirror(
+                    session,
+                    path,
+                    mirror_rows(resolved, table, columns, info),
+                    table,
+                    columns,
+                    truncated=bool(info.truncates),
+                    inserts_only=inserts_only,
+                    app_id=self.app_id,
+                    version=batch_id,
+                    metadata=metadata,
+                    defaults=defaults,
+                )
+            else:
+                append_changelog(
+                    session,
+                    path,
+                    changelog_rows(df, table, column, names),
+                    table,
+                    app_id=self.app_id,
+                    version=batch_id,
+                    metadata=metadata,
+                    defaults=defaults,
+                )
+            log.debug(
+                "batch %s %s %s: %.2f s",
+                batch_id,
+                table.table_id,
+                kind,
+                time.monotonic() - clock,
+            )
+            commits.count()
+            return newest
+
+        try:
+            kinds = [k for k in _ORDER if k in wanted]
+            results = dict(zip(kinds, _in_sessions(spark, write, kinds, len(kinds)), strict=True))
         finally:
             if resolved is not None and resolved.is_cached:
                 resolved.unpersist()
-        return newest
+        return results.get("mirror")
+
+    def _mirror_before(
+        self, path: str, batch_id: int, wanted: Mapping[TableKind, str]
+    ) -> int | None:
+        """The mirror's version before this batch's write (None: there was no mirror): its
+        current one, unless a replay finds the batch's commit in it already."""
+        target = DeltaTarget(path)
+        if "mirror" in wanted:
+            return target.version()
+        before = target.version_before(self.app_id, batch_id)
+        if before is None and target.exists():
+            raise RuntimeError(
+                f"the mirror at {path} holds batch {batch_id} but its log no longer has the "
+                "commit: cannot tell what it held before; drop and copy the table again"
+            )
+        return before
+
+
+def _in_sessions(
+    spark: Any, work: Callable[[Any, _T], _R], items: Sequence[_T], workers: int
+) -> list[_R]:
+    """``work(session, item)`` for each item, up to ``workers`` at the same time, each in a
+    Spark session of its own (a session's settings carry its writes' application
+    transaction, and maintenance's options); what each returned, in order. Every item runs
+    to its end; then the first error is raised."""
+    if len(items) <= 1 or workers <= 1:
+        return [work(spark, item) for item in items]
+
+    def run(item: _T) -> _R:
+        session = _SESSIONS.borrow(spark)
+        try:
+            return work(session, item)
+        finally:
+            _SESSIONS.give_back(session)
+
+    with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="pgcdc-write") as pool:
+        futures = [pool.submit(run, item) for item in items]
+        wait(futures)
+    for future in futures:
+        error = future.exception()
+        if error is not None:
+            raise error
+    return [future.result() for future in futures]
 
 
 class _TableJob(NamedTuple):

@@ -20,7 +20,8 @@ current version is closed at the first TRUNCATE.
 
 An unchanged TOAST value that no earlier change of the batch carried is taken from the key's
 row in the mirror as it was before the batch (the key's current version holds the same values):
-a batch writes the history before the mirror, so the mirror it reads is never the batch's own.
+the batch pins that version of the mirror before it writes, so the history and the mirror can
+be written at the same time.
 A table without a key has a version per copy of its values (``pgcdc.lake.multiset``), keyed by
 ``__row_id``.
 """
@@ -44,7 +45,7 @@ from pgcdc.lake.changes import (
     quote_column,
     value_column,
 )
-from pgcdc.lake.delta import append_rows, is_delta_table, tagged
+from pgcdc.lake.delta import append_rows, tagged
 from pgcdc.lake.mirror import SRC, TGT, key_condition
 from pgcdc.lake.schema_evolution import Defaults, evolve
 from pgcdc.lake.tables import (
@@ -225,7 +226,7 @@ def merge_history(
     table: LakeTable,
     columns: Sequence[str],
     *,
-    mirror: str,
+    stored: Any | None,
     overview: TableOverview,
     inserts_only: bool = False,
     app_id: str,
@@ -234,9 +235,10 @@ def merge_history(
     defaults: Defaults | None = None,
 ) -> None:
     """Apply a batch's ``history_rows`` (a Spark DataFrame) to the history table in one commit,
-    with Delta's MERGE on the executors; unchanged values come from the mirror at ``mirror``
-    (not yet written by this batch). ``inserts_only`` (the batch only inserted rows of the
-    table): every row is a new version of a key without one, appended."""
+    with Delta's MERGE on the executors; unchanged values come from ``stored`` (a Spark
+    DataFrame of the mirror as it was before the batch; None when there was none).
+    ``inserts_only`` (the batch only inserted rows of the table): every row is a new version
+    of a key without one, appended."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -257,7 +259,6 @@ def merge_history(
         append_rows(spark, path, versions, app_id=app_id, version=version, metadata=metadata)
         return
     if any(c.startswith(KEEP_PREFIX) for c in rows.columns):
-        stored = spark.read.format("delta").load(mirror) if is_delta_table(spark, mirror) else None
         rows = fill_from_stored(rows, stored, keys, columns, foreign_only=False)
     rows = rows.drop(*[c for c in rows.columns if c.startswith((KEEP_PREFIX, ROOT_PREFIX))])
     # computed once: the MERGE reads its source in each of its passes

@@ -17,11 +17,12 @@ for each file, and so do the MERGEs. So after each batch, for each Delta table i
   ``[lake] purge_deleted_share`` of its rows, the files holding them are rewritten without
   them (scattered updates mark a little of every file; readers skip those rows at a cost);
 * **vacuum** (``VACUUM``): at most every ``[lake] vacuum_interval`` seconds (3600) per table
-  and process, the files (and deletion vectors) no version of the last
-  ``[lake] vacuum_retention_hours`` (168, Delta's default) uses any more are deleted, and
-  files no version ever used (a write killed before its commit) once they are that old. Every
-  file in the table's folder not used by the log is such a file: keep nothing else there. Time
-  travel to versions older than that then fails, as after any ``VACUUM``.
+  (the last vacuum's time is read from the table's log, so scheduled runs share it), the
+  files (and deletion vectors) no version of the last ``[lake] vacuum_retention_hours`` (168,
+  Delta's default) uses any more are deleted, and files no version ever used (a write killed
+  before its commit) once they are that old. Every file in the table's folder not used by the
+  log is such a file: keep nothing else there. Time travel to versions older than that then
+  fails, as after any ``VACUUM``.
 
 Maintenance runs between batches, after a batch's commits and after its duration and lag were
 taken, and never fails a batch: its data is committed before, and a failed step leaves the
@@ -43,7 +44,7 @@ import pyarrow.compute as pc
 from pgcdc.lake.delta import USER_METADATA, quote_name, user_metadata
 from pgcdc.lake.target import DeltaTarget
 
-__all__ = ["COMPACT_METADATA", "PURGE_METADATA", "Maintenance", "deleted_share"]
+__all__ = ["COMPACT_METADATA", "PURGE_METADATA", "Maintenance", "deleted_share", "last_vacuum"]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -77,6 +78,23 @@ def deleted_share(spark: Any, path: str) -> float:
     if not total:
         return 0.0
     return float(deleted or 0) / float(total)
+
+
+#: commits of a table's log searched for its last vacuum (newest first)
+VACUUM_SEARCH_COMMITS = 1000
+
+
+def last_vacuum(path: str) -> float | None:
+    """When the table's last ``VACUUM`` ended (on the monotonic clock), as its log records it
+    among its ``VACUUM_SEARCH_COMMITS`` latest commits; None if not there."""
+    table = DeltaTarget(path).table()
+    if table is None:
+        return None
+    for commit in table.history(VACUUM_SEARCH_COMMITS):
+        if commit.get("operation") == "VACUUM END":
+            ended = float(commit.get("timestamp", 0)) / 1000.0
+            return time.monotonic() - max(0.0, time.time() - ended)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,12 +221,19 @@ class Maintenance:
         return purge
 
     def vacuum_if_due(self, spark: Any, name: str, path: str, *, now: float | None = None) -> bool:
-        """Vacuum the table unless this process did within ``vacuum_interval``; whether it
-        vacuumed."""
+        """Vacuum the table unless it was within ``vacuum_interval`` (by this process, or by
+        any as the table's log tells); whether it vacuumed."""
         from delta.tables import DeltaTable
 
         if not self.vacuum:
             return False
+        with _lock:
+            known = path in _vacuumed
+        if not known:
+            last = last_vacuum(path)
+            if last is not None:
+                with _lock:
+                    _vacuumed.setdefault(path, last)
         due = self._due(_vacuumed, path, now)
         if due is None:
             return False

@@ -19,8 +19,9 @@ value's events (+1 for a write, -1 for a removal) tells both: a removal that tak
 new low (below zero and below every earlier sum) takes the n-th stored copy (n = minus the
 sum); any other removal at sum s takes the last write before it that reached sum s + 1 (the
 writes and removals of one value nest like a stack). Stored copies are read from the mirror as
-it was before the batch (the history is written before the mirror in every batch, so a replay
-reads the same).
+it was before the batch (its version pinned when the batch starts, or the one before the
+batch's own mirror commit when a replay finds it there), so the history and the mirror, and
+a replay, read the same.
 """
 
 from __future__ import annotations

@@ -191,6 +191,25 @@ class DeltaTarget:
         done = self.transaction_version(app_id)
         return done is not None and done >= version
 
+    def version_before(self, app_id: str, version: int) -> int | None:
+        """The table's version just before the commit that recorded application transaction
+        ``(app_id, version)``: what the table held before that write. None when the table or
+        that commit's log entry is not there (log clean-up keeps 30 days of them)."""
+        latest = self.version()
+        if latest is None:
+            return None
+        log_dir = self.path / "_delta_log"
+        for v in range(latest, -1, -1):
+            try:
+                text = (log_dir / f"{v:020d}.json").read_text()
+            except FileNotFoundError:
+                return None
+            for line in text.splitlines():
+                txn = json.loads(line).get("txn") if '"txn"' in line else None
+                if txn and txn.get("appId") == app_id and txn.get("version") == version:
+                    return v - 1
+        return None
+
     def arrow_schema(self) -> pa.Schema | None:
         """The table's logical schema in canonical Arrow types (``canonical_type``)."""
         table = self.table()
