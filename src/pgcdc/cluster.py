@@ -24,6 +24,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pgcdc.errors import PgcdcError
+
 __all__ = ["Cluster", "ClusterError", "ServerInstall", "available_versions", "find_server"]
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +50,7 @@ DEFAULT_SETTINGS: Mapping[str, str] = {
 }
 
 
-class ClusterError(RuntimeError):
+class ClusterError(PgcdcError, RuntimeError):
     """A throwaway server could not be found, initialised or started."""
 
 

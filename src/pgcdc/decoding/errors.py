@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from pgcdc.errors import PgcdcError
+
 __all__ = ["DecodingError", "PluginError"]
 
 
-class PluginError(TypeError):
+class PluginError(PgcdcError, TypeError):
     """An output plugin that cannot be used as it is (missing required callbacks, ...)."""
 
 
-class DecodingError(ValueError):
+class DecodingError(PgcdcError, ValueError):
     """A replication stream that cannot be assembled into transactions.
 
     Raised for messages out of order (a change outside a transaction, a Commit without its

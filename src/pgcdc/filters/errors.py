@@ -22,6 +22,8 @@ psql does.
 
 from __future__ import annotations
 
+from pgcdc.errors import PgcdcError
+
 __all__ = [
     "CollationError",
     "FilterEvaluationError",
@@ -33,7 +35,7 @@ __all__ = [
 ]
 
 
-class RowFilterError(ValueError):
+class RowFilterError(PgcdcError, ValueError):
     """Base class of all row filter errors."""
 
     sqlstate: str

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 
+from pgcdc.errors import PgcdcError
 from pgcdc.filters.errors import ReplicaIdentityError
 from pgcdc.filters.rowfilter import BoundFilter
 from pgcdc.filters.rules import Action, FilterSet, TableRule
@@ -55,7 +56,7 @@ __all__ = ["StreamFilter"]
 log = logging.getLogger(__name__)
 
 
-class UnknownRelationError(LookupError):
+class UnknownRelationError(PgcdcError, LookupError):
     """A change arrived for a relation id without a Relation message before it."""
 
 

@@ -98,6 +98,7 @@ from pydantic import (
     model_validator,
 )
 
+from pgcdc.errors import PgcdcError
 from pgcdc.filters import RowFilter, RowFilterError
 from pgcdc.lake.maintenance import Maintenance
 from pgcdc.protocol.filter_sql import RowFilterSQL
@@ -162,7 +163,7 @@ Size = Annotated[int, BeforeValidator(_size)]
 _LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9][0-9]*)(,\s*[1-9][0-9]*)?\])?")
 
 
-class ConfigError(ValueError):
+class ConfigError(PgcdcError, ValueError):
     """A wrong pipeline configuration: ``problems`` lists ``(key, what is wrong)`` pairs."""
 
     def __init__(self, problems: Sequence[tuple[str, str]], *, source: str | None = None) -> None:

@@ -53,6 +53,7 @@ from typing import Any
 
 import psycopg
 
+from pgcdc.errors import PgcdcError
 from pgcdc.lake.batch import PROGRESS, BatchResult, LakeBatchWriter, Progress, table_column_pairs
 from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source, source_columns
 from pgcdc.lake.config import ConfigError, PipelineConfig
@@ -148,7 +149,7 @@ def session_conf(config: PipelineConfig) -> dict[str, str]:
     return conf
 
 
-class PipelineError(RuntimeError):
+class PipelineError(PgcdcError, RuntimeError):
     """The pipeline cannot start or continue; the message names the cause and the fix."""
 
 

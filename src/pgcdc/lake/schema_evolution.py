@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pgcdc.errors import PgcdcError
 from pgcdc.lake.changes import quote_column
 from pgcdc.lake.delta import (
     conform,
@@ -61,7 +62,7 @@ __all__ = [
 log = logging.getLogger("pgcdc.lake")
 
 
-class SchemaEvolutionError(RuntimeError):
+class SchemaEvolutionError(PgcdcError, RuntimeError):
     """A Delta table cannot follow its source table's schema change."""
 
 

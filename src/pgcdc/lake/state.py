@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pgcdc.errors import PgcdcError
 from pgcdc.lake.tables import LakeLayout
 
 __all__ = [
@@ -46,7 +47,7 @@ __all__ = [
 STATE_FORMAT = 2
 
 
-class StateError(RuntimeError):
+class StateError(PgcdcError, RuntimeError):
     """The lake's state file is unreadable or belongs to something else."""
 
 

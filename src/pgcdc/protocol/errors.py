@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+from pgcdc.errors import PgcdcError
+
 __all__ = ["CopyFormatError", "ProtocolError"]
 
 
-class ProtocolError(ValueError):
+class ProtocolError(PgcdcError, ValueError):
     """A replication message that does not follow the pgoutput format.
 
     ``message_type`` is the message's type byte as a character (``'I'`` for Insert) or None when
@@ -30,7 +32,7 @@ class ProtocolError(ValueError):
         return (ProtocolError, (self.message_type, self.offset, self.reason))
 
 
-class CopyFormatError(ValueError):
+class CopyFormatError(PgcdcError, ValueError):
     """A ``COPY ... (FORMAT binary)`` tuple that does not follow the format, or a value its
     column's type cannot take. ``row`` is the tuple's index in the list decoded, ``offset`` the
     byte offset within it where the problem was found."""

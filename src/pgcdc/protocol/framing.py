@@ -30,6 +30,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from pgcdc.errors import PgcdcError
+
 __all__ = [
     "KIND_BINARY",
     "KIND_NULL",
@@ -67,7 +69,7 @@ _BACK = np.int64(-4)
 _TAIL = bytes(16)
 
 
-class FramingMismatch(Exception):
+class FramingMismatch(PgcdcError):
     """The vectorized reader met something malformed; the row decoder will say exactly what."""
 
 

@@ -31,6 +31,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pgcdc.errors import PgcdcError
 from pgcdc.protocol.framing import KIND_BINARY, KIND_TEXT, MessageTable
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ _SPREAD = np.array(
 )
 
 
-class BadValue(Exception):
+class BadValue(PgcdcError):
     """Row ``row`` of a column holds a value its type cannot take (``reason`` says why)."""
 
     def __init__(self, row: int, reason: str) -> None:

@@ -12,6 +12,8 @@ import re
 
 from psycopg.conninfo import conninfo_to_dict
 
+from pgcdc.errors import PgcdcError
+
 __all__ = [
     "ConnectionLostError",
     "PublicationExistsError",
@@ -75,7 +77,7 @@ def dsn_user(dsn: str) -> str | None:
     return str(user) if user else None
 
 
-class ReplicationError(Exception):
+class ReplicationError(PgcdcError):
     """Base class: a replication session, slot or publication operation failed.
 
     ``cause`` says what went wrong, ``fix`` what to do about it; the message is both.

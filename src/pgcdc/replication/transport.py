@@ -31,6 +31,7 @@ import psycopg2.extensions
 import psycopg2.extras
 from psycopg import sql
 
+from pgcdc.errors import PgcdcError
 from pgcdc.lsn import Lsn
 from pgcdc.replication.errors import scrub_secrets
 from pgcdc.replication.events import WalData
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 
-class TransportError(Exception):
+class TransportError(PgcdcError):
     """A replication connection failed; ``lost`` says whether the connection is now unusable."""
 
     def __init__(self, message: str, *, sqlstate: str | None, phase: str, lost: bool) -> None:

@@ -9,6 +9,8 @@ stable marker ``SCHEMA_CHANGED_MARKER``; ``is_schema_changed`` finds it in any e
 
 from __future__ import annotations
 
+from pgcdc.errors import PgcdcError
+
 __all__ = [
     "COLUMNS_CHANGED_MARKER",
     "COPY_AGAIN_MARKERS",
@@ -34,7 +36,7 @@ COLUMNS_CHANGED_MARKER = "changed its columns during the initial copy"
 COPY_AGAIN_MARKERS = (REWRITTEN_MARKER, COLUMNS_CHANGED_MARKER)
 
 
-class SparkSourceError(Exception):
+class SparkSourceError(PgcdcError):
     """Base class: the pgcdc Spark source failed. ``cause`` and ``fix`` make up the message."""
 
     def __init__(self, cause: str, fix: str | None = None) -> None:

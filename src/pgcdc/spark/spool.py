@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from pgcdc.errors import PgcdcError
+
 __all__ = ["RECORD_HEADER", "Spool", "SpoolReleasedError"]
 
 log = logging.getLogger("pgcdc.spark")
@@ -54,7 +56,7 @@ def _sweep(base: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-class SpoolReleasedError(Exception):
+class SpoolReleasedError(PgcdcError):
     """A byte range asked for was already released (or never written)."""
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pgcdc.errors import PgcdcError
+
 __all__ = ["ConversionError"]
 
 
-class ConversionError(ValueError):
+class ConversionError(PgcdcError, ValueError):
     """A column value that cannot be converted to the requested Python or Arrow form.
 
     The message names the PostgreSQL type, the kind of value that failed (never the value itself:
