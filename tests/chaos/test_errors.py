@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from pgcdc.lake.config import load_config
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase
+from tests.fix_pipeline import Background
 
 pytestmark = pytest.mark.slow
 
@@ -123,6 +124,7 @@ def test_publication_dropped_under_a_running_pipeline(
     pg: PgDatabase,
     spark: Any,
     tmp_path: Path,
+    background: Callable[[Pipeline], Background],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # PostgreSQL 15 fails the stream ("publication ... does not exist"); 16+ skips a dropped
@@ -130,19 +132,8 @@ def test_publication_dropped_under_a_running_pipeline(
     # publication exists: either way the pipeline stops with an error naming the fix.
     config, lake = setup_pipeline(pg, tmp_path, capsys)
     pipeline = Pipeline(load_config(config), spark=spark)
-    failures: list[BaseException] = []
-    started = threading.Event()
-
-    def continuous() -> None:
-        try:
-            pipeline.run(on_started=lambda _p: started.set())
-        except BaseException as exc:
-            failures.append(exc)
-        started.set()
-
-    thread = threading.Thread(target=continuous)
-    thread.start()
-    assert started.wait(120) and not failures, failures
+    run = background(pipeline).start(120)
+    failures = run.failures
     pg.execute("INSERT INTO items VALUES (100, 1)")
     deadline = time.monotonic() + 60
     while pipeline.progress is None or pipeline.progress.changes == 0:
@@ -151,10 +142,8 @@ def test_publication_dropped_under_a_running_pipeline(
     before = lake_snapshot(lake)
     pg.execute("DROP PUBLICATION err_pub")
     pg.execute("INSERT INTO items VALUES (101, 1)")
-    thread.join(60)
-    if thread.is_alive():
-        pipeline.stop()
-        thread.join(60)
+    if not run.join(60):
+        run.stop(60)
         pytest.fail("the pipeline kept running without its publication")
     assert failures, "the pipeline ended without an error"
     message = " ".join(str(failures[0]).split())

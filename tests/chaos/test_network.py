@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.verify import compare_tables
 from tests.chaos.harness import audit_transactions, check_lake, create_audit_slot
 from tests.fix_pg import PgDatabase, newest_server
+from tests.fix_pipeline import Background
 from tests.fix_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
@@ -81,7 +83,11 @@ class Writer:
 
 @pytest.mark.parametrize("pg_server", [18], indirect=True, ids=["pg18"])
 def test_cuts_and_server_restart_lose_and_double_nothing(
-    pg: PgDatabase, spark: Any, proxy_factory: type[TcpProxy], tmp_path: Path
+    pg: PgDatabase,
+    spark: Any,
+    proxy_factory: type[TcpProxy],
+    tmp_path: Path,
+    background: Callable[[Pipeline], Background],
 ) -> None:
     pg.execute("CREATE TABLE items (id bigint PRIMARY KEY, v text, qty int)")
     pg.execute("INSERT INTO items SELECT g, 'snap', 0 FROM generate_series(-500, -1) g")
@@ -103,19 +109,8 @@ def test_cuts_and_server_restart_lose_and_double_nothing(
         }
     )
     pipeline = Pipeline(config, spark=spark)
-    failures: list[BaseException] = []
-    started = threading.Event()
-
-    def continuous() -> None:
-        try:
-            pipeline.run(on_started=lambda _p: started.set())
-        except BaseException as exc:
-            failures.append(exc)
-        started.set()
-
-    thread = threading.Thread(target=continuous, daemon=True)
-    thread.start()
-    assert started.wait(300) and not failures, [str(failures[0].__cause__)[:3000]]
+    run = background(pipeline).start()
+    failures = run.failures
     writer = Writer(pg.dsn())
     writer.thread.start()
 
@@ -157,8 +152,7 @@ def test_cuts_and_server_restart_lose_and_double_nothing(
             break
         assert time.monotonic() < deadline, [c.describe() for c in checks]
         time.sleep(1)
-    pipeline.stop()
-    thread.join(300)
+    run.stop()
     assert not failures, failures[0]
     direct = config.model_copy(
         update={"source": config.source.model_copy(update={"dsn": pg.dsn()})}
@@ -169,7 +163,7 @@ def test_cuts_and_server_restart_lose_and_double_nothing(
 
 @newest_server
 def test_fast_shutdown_while_batches_are_pending_is_prompt(
-    pg: PgDatabase, spark: Any, tmp_path: Path
+    pg: PgDatabase, spark: Any, tmp_path: Path, background: Callable[[Pipeline], Background]
 ) -> None:
     """``pg_ctl restart -m fast`` while a continuous pipeline has received a backlog it is
     still applying: the walsender waits for a flush confirmation of everything it sent, which
@@ -191,20 +185,9 @@ def test_fast_shutdown_while_batches_are_pending_is_prompt(
         }
     )
     pipeline = Pipeline(config, spark=spark)
-    failures: list[BaseException] = []
-    started = threading.Event()
-
-    def continuous() -> None:
-        try:
-            pipeline.run(on_started=lambda _p: started.set())
-        except BaseException as exc:
-            failures.append(exc)
-        started.set()
-
-    thread = threading.Thread(target=continuous, daemon=True)
-    thread.start()
+    run = background(pipeline).start()
+    failures = run.failures
     try:
-        assert started.wait(300) and not failures, failures
         with psycopg.connect(pg.dsn(), autocommit=True) as conn:
             for t in range(TRANSACTIONS):  # a batch each: a backlog of some 16 s at least
                 conn.execute(
@@ -240,8 +223,7 @@ def test_fast_shutdown_while_batches_are_pending_is_prompt(
             assert time.monotonic() < deadline, [c.describe() for c in checks]
             time.sleep(1)
     finally:
-        pipeline.stop()
-        thread.join(300)
+        run.stop()
     assert not failures, failures[0]
     layout = LakeLayout(tmp_path / "lake")
     changelog = DeltaTarget(layout.table_path("public", "items", "changelog"))

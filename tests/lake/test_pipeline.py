@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from pgcdc.lake.tables import HISTORY_COLUMNS, IS_CURRENT, MIRROR_COLUMNS, LakeT
 from pgcdc.lake.target import DeltaTarget
 from pgcdc.lake.verify import compare_tables
 from tests.fix_pg import PgDatabase, newest_server
+from tests.fix_pipeline import Background
 from tests.lake.workload import SCHEMA, TABLES, Workload
 
 pytestmark = pytest.mark.slow
@@ -104,7 +106,9 @@ def differing_rows(pipeline: Pipeline, table_id: str, limit: int = 5) -> str:
 
 
 @newest_server
-def test_randomized_workload(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
+def test_randomized_workload(
+    pg: PgDatabase, spark: Any, tmp_path: Path, background: Callable[[Pipeline], Background]
+) -> None:
     pg.execute(SCHEMA)
     seed = int(os.environ.get("PGCDC_TEST_SEED", pg.major))
     workload = Workload(pg.dsn(), seed=seed)
@@ -141,26 +145,14 @@ def test_randomized_workload(pg: PgDatabase, spark: Any, tmp_path: Path) -> None
     # schema changes while a continuous query runs: the source raises SchemaChanged and the
     # pipeline restarts the query with the new schema
     running = Pipeline(config, spark=spark)
-    failures: list[BaseException] = []
-    started = threading.Event()
-
-    def continuous() -> None:
-        try:
-            running.run(on_started=lambda _p: started.set())
-        except BaseException as exc:
-            failures.append(exc)
-            started.set()
-
-    thread = threading.Thread(target=continuous)
-    thread.start()
-    assert started.wait(300) and not failures
+    run = background(running).start()
+    failures = run.failures
     workload.schema_changes()
     workload.run(30)
     deadline = time.monotonic() + 240
     while running.restarts == 0 and time.monotonic() < deadline and not failures:
         time.sleep(1)
-    running.stop()
-    thread.join(300)
+    run.stop()
     assert not failures and running.restarts >= 1
 
     # then a failure between the second and third Delta commit of a batch
