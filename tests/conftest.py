@@ -21,7 +21,7 @@ LONGEST = (
     "chaos/test_network.py",
     "lake/test_matrix.py",
     "spark/test_standalone.py",
-    "lake/test_cli.py",
+    "cli/test_run_and_demo.py",
     "lake/test_multiset.py",
     "lake/test_pipeline.py",
     "cli/test_run_signals.py",
