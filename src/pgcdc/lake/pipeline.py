@@ -121,30 +121,19 @@ def session_conf(config: PipelineConfig) -> dict[str, str]:
     sort spill readers' read-ahead below)."""
     conf = delta_settings(config.spark.conf)
     if config.spark.master.startswith("local"):
-        # A local session has as many shuffle partitions as cores, which adaptive execution
-        # cannot coalesce further, and it runs each shuffle stage of a query (a micro-batch's
-        # per-key reduction, each pass of a MERGE) as a job of its own: with it off, a small
-        # batch took 12 s instead of 18 s (three Delta tables, a loaded 2-core machine)
+        # adaptive execution cannot coalesce a local session's few shuffle partitions, and
+        # it runs each shuffle stage as a job of its own: a fixed cost per stage
         conf.setdefault(ADAPTIVE_KEY, "false")
     if config.spark.driver_host:
         conf.setdefault("spark.driver.host", config.spark.driver_host)
-    # Each micro-batch is persisted (read by the overview, then per table). Spark's columnar
-    # cache builds batches of 10,000 rows, and the block store unrolls a partition's batches
-    # before it checks its memory: with rows of about 1 kB (a partition holds whole
-    # transactions), a 512 MiB driver ran out of heap persisting a 540 MB transaction. With
-    # 1,000 rows it spills in time (1 GB transactions then pass with that heap), as fast.
+    # the persisted micro-batch is unrolled a column batch at a time before memory is
+    # checked: smaller batches let a large transaction spill in time
     conf.setdefault(CACHE_BATCH_ROWS_KEY, str(CACHE_BATCH_ROWS))
-    # The batch is cached serialized (``pgcdc.lake.batch.cache_level``) by Spark's Java
-    # serializer, whose streams keep every object they read until a reset the writer puts in
-    # every ``objectStreamReset`` objects (100 by default): 100 column batches of up to 1 MB
-    # each per reader. A heap dump of a 1 GiB driver that ran out of heap staging a 1 GB
-    # transaction held some 95 of them in two readers. Reset after each (each is large).
+    # Java serialization streams keep every object read until a reset: the cached column
+    # batches are large, so reset after each
     conf.setdefault(STREAM_RESET_KEY, str(STREAM_RESET))
-    # A sort larger than its memory (a large transaction's per-key reduction) spills to files
-    # and merges them all at once, with a reader per file that holds a 1 MiB record buffer and,
-    # reading ahead, two 1 MiB buffers more, all outside Spark's memory accounting: a 512 MiB
-    # driver that ran out of heap on a 2 GB transaction held some 80 (250 MiB). Without
-    # read-ahead each holds a third of that.
+    # a spilled sort merges all its files at once, a reader each, outside Spark's memory
+    # accounting: without read-ahead each reader holds a third of the buffers
     conf.setdefault(SPILL_READ_AHEAD_KEY, "false")
     return conf
 

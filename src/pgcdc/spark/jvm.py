@@ -3,8 +3,8 @@
 A JVM starting a Spark session loads, parses and verifies some 15,000 classes from Spark's jars:
 most of a local session's start-up, and most of its CPU on a small machine. Since JDK 13 a JVM
 can write the classes it loaded to an archive when it exits (``-XX:ArchiveClassesAtExit``), and
-a later JVM maps that archive instead (``-XX:SharedArchiveFile``). Measured on 2 cores: ``pgcdc
-run`` with nothing to do, 8.7 s -> 6.0 s, its JVM's CPU 10.2 s -> 5.7 s.
+a later JVM maps that archive instead (``-XX:SharedArchiveFile``), which starts faster and
+with less CPU.
 
 ``launch_options`` gives the options for the JVM about to be launched, under a cache folder (the
 one ``pgcdc.spark.session.python_spark_home`` uses; ``spark_session`` applies them):
