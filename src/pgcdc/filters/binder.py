@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pgcdc.filters import ast, catalog, catalog_data, datums, numeric
+from pgcdc.filters import ast, datums, numeric, pg_builtins, pg_builtins_data
 from pgcdc.filters.bound import (
     ArrayCoerceExpr,
     ArrayExpr,
@@ -40,7 +40,8 @@ from pgcdc.filters.bound import (
     SubLink,
     Var,
 )
-from pgcdc.filters.catalog import (
+from pgcdc.filters.errors import FilterEvaluationError, InvalidFilterError, UnsupportedFilterError
+from pgcdc.filters.pg_builtins import (
     BOOL,
     TEXT,
     UNKNOWN,
@@ -51,7 +52,6 @@ from pgcdc.filters.catalog import (
     OperatorEntry,
     format_type,
 )
-from pgcdc.filters.errors import FilterEvaluationError, InvalidFilterError, UnsupportedFilterError
 from pgcdc.filters.resolution import (
     resolve_function,
     resolve_operator,
@@ -83,34 +83,34 @@ SYSTEM_COLUMNS = {
     "tableoid": (26, -7),
 }
 _SQL_VALUE_TYPES = {
-    "current_date": catalog.DATE,
+    "current_date": pg_builtins.DATE,
     "current_time": 1266,
-    "current_timestamp": catalog.TIMESTAMPTZ,
+    "current_timestamp": pg_builtins.TIMESTAMPTZ,
     "localtime": 1083,
-    "localtimestamp": catalog.TIMESTAMP,
-    "current_catalog": catalog.NAME,
-    "current_schema": catalog.NAME,
-    "current_role": catalog.NAME,
-    "current_user": catalog.NAME,
-    "session_user": catalog.NAME,
-    "user": catalog.NAME,
+    "localtimestamp": pg_builtins.TIMESTAMP,
+    "current_catalog": pg_builtins.NAME,
+    "current_schema": pg_builtins.NAME,
+    "current_role": pg_builtins.NAME,
+    "current_user": pg_builtins.NAME,
+    "session_user": pg_builtins.NAME,
+    "user": pg_builtins.NAME,
     "system_user": TEXT,
 }
 _BTREE_COMPARE = {
-    catalog.INT2: "int",
-    catalog.INT4: "int",
-    catalog.INT8: "int",
-    catalog.FLOAT4: "float",
-    catalog.FLOAT8: "float",
-    catalog.NUMERIC: "numeric",
-    catalog.TEXT: "text",
-    catalog.VARCHAR: "text",
-    catalog.NAME: "text",
-    catalog.BPCHAR: "bpchar",
-    catalog.BOOL: "bool",
-    catalog.DATE: "date",
-    catalog.TIMESTAMP: "timestamp",
-    catalog.TIMESTAMPTZ: "timestamp",
+    pg_builtins.INT2: "int",
+    pg_builtins.INT4: "int",
+    pg_builtins.INT8: "int",
+    pg_builtins.FLOAT4: "float",
+    pg_builtins.FLOAT8: "float",
+    pg_builtins.NUMERIC: "numeric",
+    pg_builtins.TEXT: "text",
+    pg_builtins.VARCHAR: "text",
+    pg_builtins.NAME: "text",
+    pg_builtins.BPCHAR: "bpchar",
+    pg_builtins.BOOL: "bool",
+    pg_builtins.DATE: "date",
+    pg_builtins.TIMESTAMP: "timestamp",
+    pg_builtins.TIMESTAMPTZ: "timestamp",
 }
 _INTEGER_RE = re.compile(r"-?[0-9]+\Z")
 _TYPMOD_TYPES = {"numeric", "varchar", "bpchar", "timestamp", "timestamptz", "time", "timetz"}
@@ -205,7 +205,7 @@ class Binder:
         found = self.columns.get(name)
         if found is not None:
             index, column = found
-            if catalog.type_entry(column.type_id) is None:
+            if pg_builtins.type_entry(column.type_id) is None:
                 # user-defined (or unknown) type: the server's check reports it at the column
                 raise _walker_error(TYPE_DETAIL, node.pos)
             return Var(index, name, column.type_id, column.type_modifier, node.pos)
@@ -221,10 +221,10 @@ class Binder:
         if _INTEGER_RE.match(text):
             value = int(text)
             if -(2**31) <= value < 2**31:
-                return Const(value, catalog.INT4, -1, node.pos)
+                return Const(value, pg_builtins.INT4, -1, node.pos)
             if -(2**63) <= value < 2**63:
-                return Const(value, catalog.INT8, -1, node.pos)
-        return Const(numeric.parse(text), catalog.NUMERIC, -1, node.pos)
+                return Const(value, pg_builtins.INT8, -1, node.pos)
+        return Const(numeric.parse(text), pg_builtins.NUMERIC, -1, node.pos)
 
     def _StringLiteral(self, node: ast.StringLiteral) -> Bound:
         return Const(node.value, UNKNOWN, -1, node.pos)
@@ -250,7 +250,7 @@ class Binder:
 
     def _Collate(self, node: ast.Collate) -> Bound:
         arg = self.expr(node.arg)
-        entry = catalog.type_entry(arg.type)
+        entry = pg_builtins.type_entry(arg.type)
         if arg.type != UNKNOWN and (entry is None or not entry.collatable):
             raise InvalidFilterError(
                 f"collations are not supported by type {format_type(arg.type)}",
@@ -356,10 +356,10 @@ class Binder:
             all_types = [lexpr.type] + [r.type for r in rnonvars]
             common = try_common_type(all_types)
             if common is not None and not all(
-                catalog.can_coerce([t], [common], CoercionContext.IMPLICIT) for t in all_types
+                pg_builtins.can_coerce([t], [common], CoercionContext.IMPLICIT) for t in all_types
             ):
                 common = None
-            entry = catalog.type_entry(common) if common is not None else None
+            entry = pg_builtins.type_entry(common) if common is not None else None
             if common is not None and entry is not None and entry.array and common != 2249:
                 elements = tuple(self.coerce_to_common(r, common, "IN") for r in rnonvars)
                 array = ArrayExpr(elements, common, -1, entry.array)
@@ -404,7 +404,7 @@ class Binder:
         common = select_common_type(
             [e.type for e in elements], [e.location for e in elements], "ARRAY"
         )
-        entry = catalog.type_entry(common)
+        entry = pg_builtins.type_entry(common)
         if entry is None or not entry.array:
             raise UnsupportedFilterError(
                 f"arrays of {format_type(common)} are not supported",
@@ -509,26 +509,29 @@ class Binder:
         location = leftmost(node.pos, *(a.location for a in args))
         if schema not in (None, "pg_catalog"):
             raise _walker_error(MUTABLE_DETAIL, location)
-        if name in catalog_data.AGGREGATE_FUNCTIONS and catalog.functions_named(name) is None:
+        if (
+            name in pg_builtins_data.AGGREGATE_FUNCTIONS
+            and pg_builtins.functions_named(name) is None
+        ):
             raise InvalidFilterError(
                 "aggregate functions are not allowed in WHERE",
                 sqlstate="42803",
                 position=_pos(node.pos),
             )
-        if name in catalog_data.WINDOW_FUNCTIONS:
+        if name in pg_builtins_data.WINDOW_FUNCTIONS:
             raise InvalidFilterError(
                 f"window function {name} requires an OVER clause",
                 sqlstate="42809",
                 position=_pos(node.pos),
             )
-        if name in catalog_data.SET_RETURNING_FUNCTIONS:
+        if name in pg_builtins_data.SET_RETURNING_FUNCTIONS:
             raise InvalidFilterError(
                 "set-returning functions are not allowed in WHERE",
                 sqlstate="0A000",
                 position=_pos(node.pos),
             )
         types = [a.type for a in args]
-        entries = catalog.functions_named(name)
+        entries = pg_builtins.functions_named(name)
         if entries is not None:
             candidates = [e for e in entries if len(e.args) == len(args) and e.args == tuple(types)]
             if not candidates:
@@ -554,12 +557,12 @@ class Binder:
                     position=_pos(node.pos),
                 )
             return self._make_func(entry, args, node.pos, location)
-        if name in catalog_data.MUTABLE_FUNCTIONS:
+        if name in pg_builtins_data.MUTABLE_FUNCTIONS:
             raise _walker_error(MUTABLE_DETAIL, location)
         cast = self._function_style_cast(name, args, location)
         if cast is not None:
             return cast
-        if name in catalog_data.BUILTIN_FUNCTIONS:
+        if name in pg_builtins_data.BUILTIN_FUNCTIONS:
             raise UnsupportedFilterError(
                 f"function {name}() is not supported by client-side row filters",
                 sqlstate="0A000",
@@ -576,8 +579,8 @@ class Binder:
     def _check_aggregate_syntax(self, node: ast.FuncCall, name: str) -> None:
         if node.agg_clause is None and not node.star:
             return
-        is_agg = name in catalog_data.AGGREGATE_FUNCTIONS
-        is_window = name in catalog_data.WINDOW_FUNCTIONS
+        is_agg = name in pg_builtins_data.AGGREGATE_FUNCTIONS
+        is_window = name in pg_builtins_data.WINDOW_FUNCTIONS
         if node.agg_clause == "OVER":
             if is_agg or is_window:
                 raise InvalidFilterError(
@@ -608,13 +611,13 @@ class Binder:
         """func_get_detail's "function call that is really a type coercion" case."""
         if len(args) != 1:
             return None
-        entry = catalog.type_by_name(name)
+        entry = pg_builtins.type_by_name(name)
         if entry is None:
             return None
         arg = args[0]
         if isinstance(arg, Const) and arg.type == UNKNOWN:
             return self.coerce(arg, entry.oid, -1, CoercionContext.EXPLICIT, location)
-        path, _ = catalog.find_coercion_pathway(entry.oid, arg.type, CoercionContext.EXPLICIT)
+        path, _ = pg_builtins.find_coercion_pathway(entry.oid, arg.type, CoercionContext.EXPLICIT)
         if path in (CoercionPath.RELABEL, CoercionPath.VIA_IO):
             return self.coerce(
                 arg, entry.oid, -1, CoercionContext.EXPLICIT, location, explicit=True
@@ -650,8 +653,8 @@ class Binder:
         if schema not in (None, "pg_catalog"):
             location = leftmost(pos, right.location, -1 if left is None else left.location)
             raise _walker_error("User-defined operators are not allowed.", location)
-        if catalog.operators_named(name) is None:
-            if name not in catalog_data.BUILTIN_OPERATORS:
+        if pg_builtins.operators_named(name) is None:
+            if name not in pg_builtins_data.BUILTIN_OPERATORS:
                 location = leftmost(pos, right.location, -1 if left is None else left.location)
                 raise _walker_error("User-defined operators are not allowed.", location)
             raise UnsupportedFilterError(
@@ -682,7 +685,7 @@ class Binder:
     def make_scalar_array_op(
         self, name: str, use_or: bool, left: Bound, array: ArrayExpr, pos: int
     ) -> Bound:
-        if catalog.operators_named(name) is None:
+        if pg_builtins.operators_named(name) is None:
             raise UnsupportedFilterError(
                 f"operator {name} is not supported by client-side row filters",
                 sqlstate="0A000",
@@ -699,7 +702,7 @@ class Binder:
         right: Bound = array
         if entry.right != array.element_type:
             # the whole array is converted (varchar[] -> text[]): an ArrayCoerceExpr
-            target = catalog.type_entry(entry.right)
+            target = pg_builtins.type_entry(entry.right)
             right = ArrayCoerceExpr(array, target.array if target else 0, -1, array.location)
         op = Call("op", entry.name, entry.implementation, (), BOOL, -1, entry.volatility,
                   entry.strict, pos)  # fmt: skip
@@ -718,7 +721,7 @@ class Binder:
                 sqlstate="42601",
                 position=_pos(name.pos),
             )
-        entry = catalog.type_by_name(names[-1])
+        entry = pg_builtins.type_by_name(names[-1])
         if (len(names) == 2 and names[0] != "pg_catalog") or entry is None:
             raise InvalidFilterError(
                 INVALID_EXPRESSION,
@@ -807,10 +810,10 @@ class Binder:
             result = node
         elif node.type == UNKNOWN:
             result = self._coerce_unknown(node, target, location)
-        elif _is_generic(target) or target == catalog.ANY:
+        elif _is_generic(target) or target == pg_builtins.ANY:
             return node
         else:
-            path, cast = catalog.find_coercion_pathway(target, node.type, context)
+            path, cast = pg_builtins.find_coercion_pathway(target, node.type, context)
             result = self._apply_path(node, target, path, cast, location, context=context)
         return self._apply_typmod(result, target, typmod, explicit, location)
 
@@ -839,8 +842,8 @@ class Binder:
                 exc.position = _pos(node.location)
                 raise
             return Const(value, target, -1, leftmost(node.location, location))
-        entry = catalog.type_entry(target)
-        if target >= catalog.FIRST_NORMAL_OBJECT_ID or entry is None:
+        entry = pg_builtins.type_entry(target)
+        if target >= pg_builtins.FIRST_NORMAL_OBJECT_ID or entry is None:
             raise _walker_error(TYPE_DETAIL, node.location)
         # a built-in type the client does not evaluate: kept as text, refused after the
         # server's own checks (which may reject the expression for another reason first)
@@ -865,7 +868,7 @@ class Binder:
             assert cast is not None
             args: tuple[Bound, ...] = (node,)
             if cast.nargs >= 2:
-                args += (Const(-1, catalog.INT4, -1, -1),)
+                args += (Const(-1, pg_builtins.INT4, -1, -1),)
             if cast.nargs >= 3:
                 args += (Const(context == CoercionContext.EXPLICIT, BOOL, -1, -1),)
             return Call("cast", f"{format_type(node.type)} to {format_type(target)}",
@@ -886,10 +889,10 @@ class Binder:
     ) -> Bound:
         if typmod < 0 or typmod == node.typmod:
             return node
-        cast = catalog.length_coercion(target)
+        cast = pg_builtins.length_coercion(target)
         if cast is None:
             return RelabelType(node, target, typmod, leftmost(location, node.location))
-        args: tuple[Bound, ...] = (node, Const(typmod, catalog.INT4, -1, -1))
+        args: tuple[Bound, ...] = (node, Const(typmod, pg_builtins.INT4, -1, -1))
         if cast.nargs >= 3:
             args += (Const(explicit, BOOL, -1, -1),)
         return Call("cast", f"{format_type(target)} length coercion", cast.implementation,
@@ -901,7 +904,7 @@ class Binder:
             return node
         if node.type == UNKNOWN:
             return self.coerce(node, BOOL, -1, CoercionContext.ASSIGNMENT, node.location)
-        path, cast = catalog.find_coercion_pathway(BOOL, node.type, CoercionContext.ASSIGNMENT)
+        path, cast = pg_builtins.find_coercion_pathway(BOOL, node.type, CoercionContext.ASSIGNMENT)
         if path == CoercionPath.NONE:
             raise InvalidFilterError(
                 f"argument of {what} must be type boolean, not type {format_type(node.type)}",
@@ -917,7 +920,7 @@ class Binder:
             return node
         if node.type == UNKNOWN:
             return self.coerce(node, target, -1, CoercionContext.IMPLICIT, node.location)
-        if not catalog.can_coerce([node.type], [target], CoercionContext.IMPLICIT):
+        if not pg_builtins.can_coerce([node.type], [target], CoercionContext.IMPLICIT):
             raise InvalidFilterError(
                 f"{what} could not convert type {format_type(node.type)} to {format_type(target)}",
                 sqlstate="42846",
@@ -931,7 +934,7 @@ def cond_ast_pos(node: ast.Expr) -> int:
 
 
 def _is_generic(oid: int) -> bool:
-    return catalog.is_polymorphic(oid) or oid in (catalog.ANY, 2249)
+    return pg_builtins.is_polymorphic(oid) or oid in (pg_builtins.ANY, 2249)
 
 
 def _resolve_generic(result: int, declared: Sequence[int], args: Sequence[Bound]) -> int:

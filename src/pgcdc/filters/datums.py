@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import date, datetime
 from decimal import Decimal
 
-from pgcdc.filters import catalog, numeric
+from pgcdc.filters import numeric, pg_builtins
 from pgcdc.filters.errors import FilterEvaluationError, UnsupportedFilterError
 from pgcdc.protocol.values import (
     INFINITY,
@@ -59,25 +59,25 @@ END_TIMESTAMP = 9223371331200000000  # 294277-01-01 00:00
 #: The types whose values the evaluator handles (columns and constants).
 SUPPORTED_TYPES = frozenset(
     {
-        catalog.BOOL,
-        catalog.INT2,
-        catalog.INT4,
-        catalog.INT8,
-        catalog.NUMERIC,
-        catalog.FLOAT4,
-        catalog.FLOAT8,
-        catalog.TEXT,
-        catalog.VARCHAR,
-        catalog.BPCHAR,
-        catalog.NAME,
-        catalog.DATE,
-        catalog.TIMESTAMP,
-        catalog.TIMESTAMPTZ,
+        pg_builtins.BOOL,
+        pg_builtins.INT2,
+        pg_builtins.INT4,
+        pg_builtins.INT8,
+        pg_builtins.NUMERIC,
+        pg_builtins.FLOAT4,
+        pg_builtins.FLOAT8,
+        pg_builtins.TEXT,
+        pg_builtins.VARCHAR,
+        pg_builtins.BPCHAR,
+        pg_builtins.NAME,
+        pg_builtins.DATE,
+        pg_builtins.TIMESTAMP,
+        pg_builtins.TIMESTAMPTZ,
     }
 )
 
-INT_BITS = {catalog.INT2: 16, catalog.INT4: 32, catalog.INT8: 64}
-INT_NAMES = {catalog.INT2: "smallint", catalog.INT4: "integer", catalog.INT8: "bigint"}
+INT_BITS = {pg_builtins.INT2: 16, pg_builtins.INT4: 32, pg_builtins.INT8: 64}
+INT_NAMES = {pg_builtins.INT2: "smallint", pg_builtins.INT4: "integer", pg_builtins.INT8: "bigint"}
 
 _FLOAT32 = struct.Struct("<f")
 
@@ -194,7 +194,7 @@ _FLOAT_RE = re.compile(
 
 
 def _float_in(text: str, oid: int) -> float:
-    name = "real" if oid == catalog.FLOAT4 else "double precision"
+    name = "real" if oid == pg_builtins.FLOAT4 else "double precision"
     m = _FLOAT_RE.match(text)
     if not m:
         if re.match(r"\s*[+-]?0[xX]", text):
@@ -209,14 +209,14 @@ def _float_in(text: str, oid: int) -> float:
     finite_text = lowered not in ("inf", "infinity", "nan")
     if finite_text:
         mantissa_nonzero = any(c in "123456789" for c in lowered.split("e")[0])
-        if oid == catalog.FLOAT4:
+        if oid == pg_builtins.FLOAT4:
             value32 = to_float4(value)
             if math.isinf(value32) or (value32 == 0.0 and mantissa_nonzero):
                 raise _error(f'"{text}" is out of range for type real', "22003")
             return value32
         if math.isinf(value) or (value == 0.0 and mantissa_nonzero):
             raise _error(f'"{text}" is out of range for type double precision', "22003")
-    return to_float4(value) if oid == catalog.FLOAT4 else value
+    return to_float4(value) if oid == pg_builtins.FLOAT4 else value
 
 
 _DATE_RE = re.compile(r"(\d{1,8})-(\d{1,2})-(\d{1,2})")
@@ -339,29 +339,29 @@ def _timestamp_in(text: str, with_zone: bool) -> int:
 
 def input_value(oid: int, text: str) -> object:
     """The value of ``text`` read by type ``oid``'s input function (typmod applied later)."""
-    if oid == catalog.BOOL:
+    if oid == pg_builtins.BOOL:
         return _bool_in(text)
     if oid in INT_BITS:
         return _int_in(text, oid)
-    if oid == catalog.NUMERIC:
+    if oid == pg_builtins.NUMERIC:
         if re.match(r"\s*[+-]?0[xXoObB]|.*\d_\d", text):
             raise UnsupportedFilterError(
                 f'numeric literal "{text}" uses a PostgreSQL 16+ form; write it in decimal',
                 sqlstate="0A000",
             )
         return numeric.parse(text)
-    if oid in (catalog.FLOAT4, catalog.FLOAT8):
+    if oid in (pg_builtins.FLOAT4, pg_builtins.FLOAT8):
         return _float_in(text, oid)
-    if oid in (catalog.TEXT, catalog.VARCHAR, catalog.BPCHAR):
+    if oid in (pg_builtins.TEXT, pg_builtins.VARCHAR, pg_builtins.BPCHAR):
         return text
-    if oid == catalog.NAME:
+    if oid == pg_builtins.NAME:
         raw = text.encode()
         return raw[:63].decode(errors="ignore") if len(raw) > 63 else text
-    if oid == catalog.DATE:
+    if oid == pg_builtins.DATE:
         return _date_in(text)
-    if oid == catalog.TIMESTAMP:
+    if oid == pg_builtins.TIMESTAMP:
         return _timestamp_in(text, with_zone=False)
-    if oid == catalog.TIMESTAMPTZ:
+    if oid == pg_builtins.TIMESTAMPTZ:
         m = _TIMESTAMP_RE.fullmatch(text.strip(" \t\n\r\f\v"))
         if (m is None or not m.group("zone")) and _check_special(
             text, "timestamp with time zone"
@@ -374,7 +374,7 @@ def input_value(oid: int, text: str) -> object:
             )
         return _timestamp_in(text, with_zone=True)
     raise UnsupportedFilterError(
-        f"constants of type {catalog.format_type(oid)} are not supported in client-side row "
+        f"constants of type {pg_builtins.format_type(oid)} are not supported in client-side row "
         "filters",
         sqlstate="0A000",
     )
@@ -426,10 +426,10 @@ def _numeric_value(value: object) -> object:
 
 
 _ADAPT: dict[int, Callable[[object], object]] = {
-    catalog.DATE: _date_value,
-    catalog.TIMESTAMP: _timestamp_value,
-    catalog.TIMESTAMPTZ: _timestamp_value,
-    catalog.NUMERIC: _numeric_value,
+    pg_builtins.DATE: _date_value,
+    pg_builtins.TIMESTAMP: _timestamp_value,
+    pg_builtins.TIMESTAMPTZ: _timestamp_value,
+    pg_builtins.NUMERIC: _numeric_value,
 }
 
 

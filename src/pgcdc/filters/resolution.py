@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pgcdc.filters import catalog
-from pgcdc.filters.catalog import (
+from pgcdc.filters import pg_builtins
+from pgcdc.filters.errors import InvalidFilterError
+from pgcdc.filters.pg_builtins import (
     UNKNOWN,
     CoercionContext,
     FunctionEntry,
@@ -20,7 +21,6 @@ from pgcdc.filters.catalog import (
     can_coerce,
     format_type,
 )
-from pgcdc.filters.errors import InvalidFilterError
 
 __all__ = [
     "Candidate",
@@ -64,7 +64,7 @@ def select_candidate(inputs: Sequence[int], candidates: list[_C]) -> _C | None:
     if len(candidates) == 1:
         return candidates[0]
     # exact matches or preferred types (of the input's category) where coercion is needed
-    slot_category = [catalog.category(t) for t in inputs]
+    slot_category = [pg_builtins.category(t) for t in inputs]
     scores = []
     for c in candidates:
         n = 0
@@ -73,7 +73,8 @@ def select_candidate(inputs: Sequence[int], candidates: list[_C]) -> _C | None:
                 continue
             current = c.args[i]
             if current == inputs[i] or (
-                catalog.is_preferred(current) and catalog.category(current) == slot_category[i]
+                pg_builtins.is_preferred(current)
+                and pg_builtins.category(current) == slot_category[i]
             ):
                 n += 1
         scores.append(n)
@@ -93,8 +94,8 @@ def select_candidate(inputs: Sequence[int], candidates: list[_C]) -> _C | None:
         pref = False
         conflict = False
         for c in candidates:
-            ccat = catalog.category(c.args[i])
-            cpref = catalog.is_preferred(c.args[i])
+            ccat = pg_builtins.category(c.args[i])
+            cpref = pg_builtins.is_preferred(c.args[i])
             if cat is None:
                 cat, pref = ccat, cpref
             elif ccat == cat:
@@ -115,7 +116,9 @@ def select_candidate(inputs: Sequence[int], candidates: list[_C]) -> _C | None:
             keep = True
             for i, cat_i in slot_cat.items():
                 t = c.args[i]
-                if catalog.category(t) != cat_i or (slot_pref[i] and not catalog.is_preferred(t)):
+                if pg_builtins.category(t) != cat_i or (
+                    slot_pref[i] and not pg_builtins.is_preferred(t)
+                ):
                     keep = False
                     break
             if keep:
@@ -148,7 +151,7 @@ def resolve_operator(
     name: str, left: int | None, right: int, position: int, schema: str | None = None
 ) -> OperatorEntry:
     """The built-in operator ``name`` for these argument types (``left`` None: prefix)."""
-    entries = catalog.operators_named(name) or ()
+    entries = pg_builtins.operators_named(name) or ()
     kind = "l" if left is None else "b"
     pool = [e for e in entries if e.kind == kind]
     shown = name if schema is None else f"{schema}.{name}"
@@ -240,16 +243,16 @@ def select_common_type(types: Sequence[int], positions: Sequence[int], context: 
     """select_common_type: the type all of ``types`` are coerced to (CASE, COALESCE, IN, ...)."""
     known = [(t, p) for t, p in zip(types, positions, strict=True) if t != UNKNOWN]
     if not known:
-        return catalog.TEXT
+        return pg_builtins.TEXT
     ptype, _ = known[0]
     if all(t == ptype for t, _ in known):
         return ptype
-    pcategory = catalog.category(ptype)
-    ppreferred = catalog.is_preferred(ptype)
+    pcategory = pg_builtins.category(ptype)
+    ppreferred = pg_builtins.is_preferred(ptype)
     for ntype, npos in known[1:]:
         if ntype == ptype:
             continue
-        ncategory = catalog.category(ntype)
+        ncategory = pg_builtins.category(ntype)
         if ncategory != pcategory:
             raise InvalidFilterError(
                 f"{context} types {format_type(ptype)} and {format_type(ntype)} cannot be matched",
@@ -263,7 +266,7 @@ def select_common_type(types: Sequence[int], positions: Sequence[int], context: 
         ):
             ptype = ntype
             pcategory = ncategory
-            ppreferred = catalog.is_preferred(ntype)
+            ppreferred = pg_builtins.is_preferred(ntype)
     return ptype
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from pgcdc.filters import catalog, datums
+from pgcdc.filters import datums, pg_builtins
 from pgcdc.filters.binder import INVALID_EXPRESSION, children
 from pgcdc.filters.bound import (
     ArrayExpr,
@@ -134,14 +134,14 @@ class _Collations:
 
     @staticmethod
     def _leaf(type_oid: int, location: int) -> _Coll:
-        entry = catalog.type_entry(type_oid)
+        entry = pg_builtins.type_entry(type_oid)
         if entry is None or not entry.collatable:
             return _NO_COLL
-        return _Coll("C" if type_oid == catalog.NAME else "default", None, _IMPLICIT, location)
+        return _Coll("C" if type_oid == pg_builtins.NAME else "default", None, _IMPLICIT, location)
 
     @staticmethod
     def _output(type_oid: int, merged: _Coll, location: int) -> _Coll:
-        entry = catalog.type_entry(type_oid)
+        entry = pg_builtins.type_entry(type_oid)
         if entry is None or not entry.collatable:
             return _NO_COLL
         if merged.strength > _NONE:
@@ -213,7 +213,7 @@ def _check_rowfilter(node: Bound, collations: _Collations) -> None:
     ):
         detail = _ONLY_DETAIL
     if detail is None:
-        if node.type >= catalog.FIRST_NORMAL_OBJECT_ID:
+        if node.type >= pg_builtins.FIRST_NORMAL_OBJECT_ID:
             detail = "User-defined types are not allowed."
         elif _functions_mutable(node):
             detail = "User-defined or built-in mutable functions are not allowed."
@@ -279,18 +279,18 @@ def _check_support(
     (``unicode_case``, by id)."""
     if isinstance(node, Var) and node.type not in datums.SUPPORTED_TYPES:
         raise UnsupportedFilterError(
-            f'column "{node.name}" has type {catalog.format_type(node.type)}, which client-side '
-            "row filters cannot evaluate",
+            f'column "{node.name}" has type {pg_builtins.format_type(node.type)}, which '
+            "client-side row filters cannot evaluate",
             sqlstate="0A000",
             position=_pos(node.location),
         )
     if (
         not isinstance(node, ArrayExpr)
         and node.type not in datums.SUPPORTED_TYPES
-        and node.type != catalog.UNKNOWN
+        and node.type != pg_builtins.UNKNOWN
     ):
         raise UnsupportedFilterError(
-            f"values of type {catalog.format_type(node.type)} are not supported by client-side "
+            f"values of type {pg_builtins.format_type(node.type)} are not supported by client-side "
             "row filters",
             sqlstate="0A000",
             position=_pos(node.location),

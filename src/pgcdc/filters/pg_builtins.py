@@ -1,6 +1,6 @@
 """The built-in PostgreSQL catalog as the binder sees it: types, casts, operators, functions.
 
-Rows come from the generated ``catalog_data`` (PostgreSQL 15 and 18). Lookups return frozen
+Rows come from the generated ``pg_builtins_data`` (PostgreSQL 15 and 18). Lookups return frozen
 dataclasses; ``find_coercion_pathway`` and ``can_coerce`` follow parse_coerce.c, so implicit
 casts, binary-coercible relabelings and I/O conversions are decided as on the server.
 """
@@ -13,7 +13,7 @@ from enum import IntEnum
 from functools import cache
 from typing import Literal, cast
 
-from pgcdc.filters import catalog_data
+from pgcdc.filters import pg_builtins_data
 
 __all__ = [
     "ANY",
@@ -167,7 +167,7 @@ _CONTEXTS = {"i": CoercionContext.IMPLICIT, "a": CoercionContext.ASSIGNMENT}
 @cache
 def _types() -> dict[int, TypeEntry]:
     out: dict[int, TypeEntry] = {}
-    for row in catalog_data.TYPES:
+    for row in pg_builtins_data.TYPES:
         oid, name, sql_name, category, preferred, typtype, elem, array, coll, _majors = row
         out[oid] = TypeEntry(oid, name, sql_name, category, preferred, typtype, elem, array, coll)
     return out
@@ -211,7 +211,7 @@ def is_polymorphic(oid: int) -> bool:
 @cache
 def _casts() -> dict[tuple[int, int], CastEntry]:
     out: dict[tuple[int, int], CastEntry] = {}
-    for row in catalog_data.CASTS:
+    for row in pg_builtins_data.CASTS:
         source, target, impl, volatility, nargs, context, method, majors = row
         if majors and 18 not in majors:
             continue
@@ -240,7 +240,7 @@ def length_coercion(oid: int) -> CastEntry | None:
 @cache
 def _operators() -> dict[str, tuple[OperatorEntry, ...]]:
     grouped: dict[str, list[OperatorEntry]] = {}
-    for row in catalog_data.OPERATORS:
+    for row in pg_builtins_data.OPERATORS:
         name, kind, left, right, result, impl, volatility, strict, _comm, _majors = row
         entry = OperatorEntry(
             name, cast(Literal["b", "l"], kind), left, right, result, impl, volatility, strict
@@ -257,7 +257,7 @@ def operators_named(name: str) -> tuple[OperatorEntry, ...] | None:
 @cache
 def _functions() -> dict[str, tuple[FunctionEntry, ...]]:
     grouped: dict[str, list[FunctionEntry]] = {}
-    for row in catalog_data.FUNCTIONS:
+    for row in pg_builtins_data.FUNCTIONS:
         name, args, result, volatility, strict, variadic, ndef, kind, retset, impl, _m = row
         grouped.setdefault(name, []).append(
             FunctionEntry(
