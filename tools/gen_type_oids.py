@@ -40,7 +40,8 @@ KINDS = {
 }
 
 # Kept free of pgcdc.protocol.values (whose registry imports the generated module), so the module
-# can be regenerated even when it is missing or broken; the same query as registry.PG_TYPE_QUERY.
+# can be regenerated even when it is missing or broken; registry.PG_TYPE_QUERY without the range
+# types' subtypes (registry.BUILTIN_RANGES holds those of the built-in ones).
 QUERY = """
 SELECT t.oid::int, t.typname::text, n.nspname::text, t.typtype::text,
        CASE WHEN t.typelem <> 0 AND e.typarray = t.oid THEN t.typelem::int ELSE 0 END,

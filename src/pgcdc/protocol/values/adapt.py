@@ -33,6 +33,8 @@ from pgcdc.protocol.values.floats import CONVERTERS as FLOATS
 from pgcdc.protocol.values.json import CONVERTERS as JSON
 from pgcdc.protocol.values.network import CONVERTERS as NETWORK
 from pgcdc.protocol.values.numeric import CONVERTERS as NUMERIC
+from pgcdc.protocol.values.ranges import multirange_text, range_text
+from pgcdc.protocol.values.records import record_text
 from pgcdc.protocol.values.registry import DEFAULT_REGISTRY, TypeRegistry
 from pgcdc.protocol.values.uuid import CONVERTERS as UUID
 
@@ -93,9 +95,22 @@ UNKNOWN = Converter(
 )
 
 
+#: what ``pg_text`` prints a binary value of a type as, when the codec reads no Python value
+#: of it: a range (``bound``: its bound type's plan), a multirange (``bound``: its range type's
+#: plan) or a composite (its columns' types come with each value)
+Shape = Literal["scalar", "range", "multirange", "record"]
+
+#: record, the pseudo-type of anonymous composite values (``ROW(1, 'a')``)
+RECORD_OID = 2249
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """How to convert one type OID: a scalar converter, or an array of an element plan."""
+    """How to convert one type OID: a scalar converter, or an array of an element plan.
+
+    Ranges, multiranges and composites convert as types the codec does not know (their text or
+    bytes as they came); ``shape`` and ``bound`` say how ``pg_text`` prints their binary form.
+    """
 
     oid: int
     name: str
@@ -103,6 +118,8 @@ class Plan:
     element: Plan | None = None
     delimiter: str = ","
     type_modifier: int = -1
+    shape: Shape = "scalar"
+    bound: Plan | None = None
 
 
 def plan_for(type_oid: int, registry: TypeRegistry | None = None) -> Plan:
@@ -131,6 +148,11 @@ def _build_plan(type_oid: int, reg: TypeRegistry, depth: int) -> Plan:
         return Plan(type_oid, name, UNKNOWN, element, delimiter, typmod)
     if info.kind == "enum":
         return Plan(type_oid, name, string.ENUM, type_modifier=typmod)
+    if info.kind in ("range", "multirange") and info.subtype_oid and depth < 4:
+        bound = _build_plan(info.subtype_oid, reg, depth + 1)
+        return Plan(type_oid, name, UNKNOWN, shape=info.kind, bound=bound)
+    if info.kind == "composite" or info.oid == RECORD_OID:
+        return Plan(type_oid, name, UNKNOWN, shape="record")
     return Plan(type_oid, name, CONVERTERS.get(info.oid, UNKNOWN), type_modifier=typmod)
 
 
@@ -246,20 +268,36 @@ def pg_text(
         return value
     if not isinstance(value, bytes):
         raise _value_type_error(value, "pg_text")
-    return _render(plan_for(type_oid, registry), value, timezone, server_text)
+    reg = DEFAULT_REGISTRY if registry is None else registry
+    return _Renderer(reg, timezone, server_text).render(plan_for(type_oid, reg), value)
 
 
 #: Renders a binary value of a type OID with the server's own receive and output functions.
 ServerText = Callable[[int, bytes], str]
 
 
+@dataclass(frozen=True, slots=True)
+class _Renderer:
+    registry: TypeRegistry
+    timezone: str
+    server_text: ServerText | None
+
+    def render(self, plan: Plan, data: bytes) -> str:
+        element = plan.element
+        if element is not None:
+            parsed = parse_binary_array(data)
+            return array_text(parsed, lambda e: self.render(element, e), plan.delimiter)
+        bound = plan.bound
+        if plan.shape == "range" and bound is not None:
+            return range_text(data, lambda b: self.render(bound, b))
+        if plan.shape == "multirange" and bound is not None:
+            return multirange_text(data, lambda r: self.render(bound, r))
+        if plan.shape == "record":
+            return record_text(data, lambda oid, v: self.render(plan_for(oid, self.registry), v))
+        return _render(plan, data, self.timezone, self.server_text)
+
+
 def _render(plan: Plan, data: bytes, timezone: str, server_text: ServerText | None) -> str:
-    element = plan.element
-    if element is not None:
-        parsed = parse_binary_array(data)
-        return array_text(
-            parsed, lambda e: _render(element, e, timezone, server_text), plan.delimiter
-        )
     if plan.converter is UNKNOWN:
         if server_text is not None:
             return server_text(plan.oid, data)

@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeAlias
 from pgcdc.protocol.values.oids import BUILTIN_TYPES
 
 __all__ = [
+    "BUILTIN_RANGES",
     "DEFAULT_REGISTRY",
     "FIRST_USER_OID",
     "PG_TYPE_QUERY",
@@ -47,10 +48,13 @@ FIRST_USER_OID = 10000
 PG_TYPE_QUERY = """
 SELECT t.oid::int, t.typname::text, n.nspname::text, t.typtype::text,
        CASE WHEN t.typelem <> 0 AND e.typarray = t.oid THEN t.typelem::int ELSE 0 END,
-       t.typbasetype::int, t.typarray::int, t.typdelim::text, t.typtypmod
+       t.typbasetype::int, t.typarray::int, t.typdelim::text, t.typtypmod,
+       COALESCE(r.rngsubtype::int, m.rngtypid::int, 0)
 FROM pg_catalog.pg_type t
 JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
 LEFT JOIN pg_catalog.pg_type e ON e.oid = t.typelem
+LEFT JOIN pg_catalog.pg_range r ON r.rngtypid = t.oid
+LEFT JOIN pg_catalog.pg_range m ON m.rngmultitypid = t.oid
 WHERE t.oid::int8 >= %(min_oid)s AND t.oid::int8 < %(max_oid)s
 ORDER BY t.oid
 """
@@ -65,7 +69,8 @@ class TypeInfo:
     ``element_oid`` is the element type of an array (0 otherwise), ``base_oid`` the type a domain
     is over (0 otherwise), ``array_oid`` the type's array type (0 if none), ``delimiter`` the
     element separator in the text form of its arrays (',' for all but box), and
-    ``type_modifier`` a domain's typmod on its base type (``numeric(10,2)``; -1 if none).
+    ``type_modifier`` a domain's typmod on its base type (``numeric(10,2)``; -1 if none),
+    ``subtype_oid`` a range's bound type or a multirange's range type (0 for other types).
     """
 
     oid: int
@@ -77,6 +82,7 @@ class TypeInfo:
     array_oid: int = 0
     delimiter: str = ","
     type_modifier: int = -1
+    subtype_oid: int = 0
 
     @property
     def qualified_name(self) -> str:
@@ -84,8 +90,26 @@ class TypeInfo:
         return f"{self.namespace}.{self.name}"
 
 
+#: pg_range of the built-in ranges and multiranges: (range, bound type, multirange)
+BUILTIN_RANGES: tuple[tuple[int, int, int], ...] = (
+    (3904, 23, 4451),  # int4range, int4, int4multirange
+    (3906, 1700, 4532),  # numrange, numeric, nummultirange
+    (3908, 1114, 4533),  # tsrange, timestamp, tsmultirange
+    (3910, 1184, 4534),  # tstzrange, timestamptz, tstzmultirange
+    (3912, 1082, 4535),  # daterange, date, datemultirange
+    (3926, 20, 4536),  # int8range, int8, int8multirange
+)
+_SUBTYPES = {r: b for r, b, _ in BUILTIN_RANGES} | {m: r for r, _, m in BUILTIN_RANGES}
+
 _BUILTINS: dict[int, TypeInfo] = {
-    row[0]: TypeInfo(row[0], row[1], row[2], row[3], *row[4:])  # type: ignore[arg-type]
+    row[0]: TypeInfo(
+        row[0],
+        row[1],
+        row[2],
+        row[3],  # type: ignore[arg-type]
+        *row[4:],
+        subtype_oid=_SUBTYPES.get(row[0], 0),
+    )
     for row in BUILTIN_TYPES
 }
 
@@ -94,9 +118,9 @@ def fetch_types(conn: Any, min_oid: int = FIRST_USER_OID, max_oid: int = 2**32) 
     """Every pg_type row with ``min_oid <= oid < max_oid`` of a psycopg 3 connection's database."""
     rows = conn.execute(PG_TYPE_QUERY, {"min_oid": min_oid, "max_oid": max_oid}).fetchall()
     types = []
-    for oid, name, nsp, typtype, elem, base, array, delim, typmod in rows:
+    for oid, name, nsp, typtype, elem, base, array, delim, typmod, subtype in rows:
         kind: Kind = "array" if elem else TYPTYPE_KINDS.get(typtype, "base")
-        types.append(TypeInfo(oid, name, nsp, kind, elem, base, array, delim, typmod))
+        types.append(TypeInfo(oid, name, nsp, kind, elem, base, array, delim, typmod, subtype))
     return types
 
 
