@@ -187,7 +187,7 @@ def test_status_reports_a_failing_batch_until_one_is_applied(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A run failing on a batch (fault injection after the batch's first Delta commit): the
+    """A run failing on a batch (fault injection before the batch's Delta commits): the
     state records the batch, its LSN range and the error's class, kept through a second failed
     run; ``status`` shows it and exits 1 while it stands; a run that applies the batch clears
     it and ``status`` exits 0 again (issue 24)."""
@@ -198,7 +198,7 @@ def test_status_reports_a_failing_batch_until_one_is_applied(
     pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int)")
     pg.execute("INSERT INTO items SELECT g, g FROM generate_series(1, 20) g")
     config = write_config(tmp_path, pg.dsn())
-    # three Delta tables: each failing run gets one commit further (a replay skips what is in)
+    # three Delta tables, written at the same time
     text = config.read_text().replace('path = "lake"', 'path = "lake"\nhistory = true')
     config.write_text(text.replace("history = true", "history = true\nchangelog = true"))
     assert main(["run", "--config", str(config), "--until-caught-up"]) == 0
@@ -216,7 +216,7 @@ def test_status_reports_a_failing_batch_until_one_is_applied(
     settings = load_config(config)
     for _ in range(2):  # the batch fails every run (a bug in writing, say)
         with pytest.raises(PipelineError, match="injected failure"):
-            Pipeline(settings, spark=spark, fail_after_commits=1).run(until_caught_up=True)
+            Pipeline(settings, spark=spark, fail_after_commits=0).run(until_caught_up=True)
     state = load_state(LakeLayout(tmp_path / "lake"))
     assert state is not None and state.last_failure is not None
     failure = state.last_failure

@@ -162,7 +162,8 @@ class LakeBatchWriter:
     table_columns: tuple[tuple[str, str], ...]  # (table id, struct column)
     app_id: str
     dsn: str | None = field(default=None, repr=False)  # for added columns' existing values
-    fail_after: int | None = None  # tests: raise after this many Delta commits of a batch
+    #: tests: raise after this many Delta commits of a batch (0: before any, every attempt)
+    fail_after: int | None = None
     #: compaction, purges and vacuum of the Delta tables a batch wrote, after its commits
     maintenance: Maintenance | None = None
 
@@ -282,6 +283,8 @@ class LakeBatchWriter:
         mostly each Delta operation's fixed cost (planning, the log, job scheduling), which
         the tables then share."""
         commits = _Commits(self.fail_after)
+        if self.fail_after == 0:
+            raise RuntimeError("injected failure before any Delta commit (tests)")
 
         def run(session: Any, job: _TableJob) -> Any:
             return self._apply_table(session, df, batch_id, job, commits)

@@ -176,7 +176,8 @@ class Pipeline:
     ) -> None:
         """``spark``: a session to use (default: one from ``[spark]``);
         ``fail_after_commits``: fault injection for tests (each batch fails after this many
-        Delta commits); ``observer``: told about progress (progress displays);
+        Delta commits; 0: before any, every run); ``observer``: told about progress (progress
+        displays);
         ``metrics``: where to record (default: a new ``PipelineMetrics`` for the slot);
         ``on_spark``: called with the session once this pipeline started it (pyspark installs
         its own SIGINT handler then, which a command line may want to replace again)."""
