@@ -294,19 +294,15 @@ class _Renderer:
             return multirange_text(data, lambda r: self.render(bound, r))
         if plan.shape == "record":
             return record_text(data, lambda oid, v: self.render(plan_for(oid, self.registry), v))
-        return _render(plan, data, self.timezone, self.server_text)
-
-
-def _render(plan: Plan, data: bytes, timezone: str, server_text: ServerText | None) -> str:
-    if plan.converter is UNKNOWN:
-        if server_text is not None:
-            return server_text(plan.oid, data)
-        raise ConversionError(
-            f"cannot print a binary value of {plan.name}: the codec has no output function for "
-            "it. Stream the column in text format (leave out the binary option), or add the "
-            "type to the registry if it is an enum or a domain"
-        )
-    return plan.converter.render(data, timezone)
+        if plan.converter is UNKNOWN:
+            if self.server_text is not None:
+                return self.server_text(plan.oid, data)
+            raise ConversionError(
+                f"cannot print a binary value of {plan.name}: the codec has no output function "
+                "for it. Stream the column in text format (leave out the binary option), or add "
+                "the type to the registry if it is an enum or a domain"
+            )
+        return plan.converter.render(data, self.timezone)
 
 
 # -- Arrow ----------------------------------------------------------------------------------

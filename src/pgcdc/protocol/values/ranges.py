@@ -14,6 +14,7 @@ import struct
 from collections.abc import Callable
 
 from pgcdc.protocol.values.errors import ConversionError
+from pgcdc.protocol.values.records import RECORD_SPECIAL, quote_doubled
 
 __all__ = ["multirange_text", "range_text"]
 
@@ -27,15 +28,8 @@ RANGE_LB_NULL = 0x20
 RANGE_UB_NULL = 0x40
 
 _INT32 = struct.Struct(">i")
-_QUOTED = frozenset('"\\()[],') | frozenset(" \t\n\r\v\f")
-
-
-def _bound_escape(text: str) -> str:
-    """range_bound_escape: quoted when empty or holding a quote, backslash, bracket,
-    parenthesis, comma or whitespace; quotes and backslashes doubled inside."""
-    if text and not any(ch in _QUOTED for ch in text):
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '""') + '"'
+#: range_bound_escape quotes a bound holding these: record_out's set, and brackets
+_QUOTED = RECORD_SPECIAL | frozenset("[]")
 
 
 def _take(data: bytes, pos: int, what: str) -> tuple[bytes, int]:
@@ -61,10 +55,10 @@ def range_text(data: bytes, render_bound: Callable[[bytes], str]) -> str:
     lower = upper = ""
     if not flags & (RANGE_LB_INF | RANGE_LB_NULL):
         bound, pos = _take(data, pos, "range lower bound")
-        lower = _bound_escape(render_bound(bound))
+        lower = quote_doubled(render_bound(bound), _QUOTED)
     if not flags & (RANGE_UB_INF | RANGE_UB_NULL):
         bound, pos = _take(data, pos, "range upper bound")
-        upper = _bound_escape(render_bound(bound))
+        upper = quote_doubled(render_bound(bound), _QUOTED)
     if pos != len(data):
         raise ConversionError("binary range value has trailing bytes")
     opening = "[" if flags & RANGE_LB_INC else "("

@@ -15,15 +15,19 @@ from collections.abc import Callable
 
 from pgcdc.protocol.values.errors import ConversionError
 
-__all__ = ["record_text"]
+__all__ = ["RECORD_SPECIAL", "quote_doubled", "record_text"]
 
 _HEADER = struct.Struct(">i")
 _COLUMN = struct.Struct(">Ii")
-_QUOTED = frozenset('"\\(),') | frozenset(" \t\n\r\v\f")
+#: what makes record_out quote a column: a quote, backslash, parenthesis, comma, or isspace()
+RECORD_SPECIAL = frozenset('"\\(),') | frozenset(" \t\n\r\v\f")
 
 
-def _escape(text: str) -> str:
-    if text and not any(ch in _QUOTED for ch in text):
+def quote_doubled(text: str, special: frozenset[str]) -> str:
+    """``text`` as record_out and range_out print a value: in double quotes when empty or
+    holding any of ``special`` (each caller's set includes the quote and the backslash), with
+    quotes and backslashes doubled inside."""
+    if text and not any(ch in special for ch in text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '""') + '"'
 
@@ -48,7 +52,7 @@ def record_text(data: bytes, render_column: Callable[[int, bytes], str]) -> str:
             continue
         if length < 0 or pos + length > len(data):
             raise ConversionError("binary record column has a bad length")
-        parts.append(_escape(render_column(oid, data[pos : pos + length])))
+        parts.append(quote_doubled(render_column(oid, data[pos : pos + length]), RECORD_SPECIAL))
         pos += length
     if pos != len(data):
         raise ConversionError("binary record value has trailing bytes")
