@@ -4,14 +4,23 @@ own operations: real Delta tables, and a real pipeline whose batches each add fi
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pgcdc.lake.batch import CONFLICT_ATTEMPTS, again_on_conflict
 from pgcdc.lake.delta import create_table
-from pgcdc.lake.maintenance import COMPACT_METADATA, PURGE_METADATA, Maintenance, deleted_share
+from pgcdc.lake.maintenance import (
+    COMPACT_METADATA,
+    PURGE_METADATA,
+    BatchGate,
+    Maintenance,
+    conflicts,
+    deleted_share,
+)
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase, newest_server
@@ -118,7 +127,7 @@ def test_maintenance_that_fails_never_fails_the_batch(
 @pytest.mark.slow
 @newest_server
 def test_a_pipeline_compacts_what_its_batches_add(
-    pg: PgDatabase, spark: Any, tmp_path: Path
+    pg: PgDatabase, spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     config = make_config(
@@ -138,8 +147,13 @@ def test_a_pipeline_compacts_what_its_batches_add(
             "UPDATE t SET v = v || '+' WHERE id BETWEEN %s AND %s", (i * 10 + 1, i * 10 + 10)
         )
     pipeline = Pipeline(config, spark=spark)
-    result = pipeline.run(until_caught_up=True)
+    with caplog.at_level(logging.INFO, logger="pgcdc.lake"):
+        result = pipeline.run(until_caught_up=True)
     assert result.batches >= 4
+    # beside the batches, never inside one: the compactions ran in the maintenance thread
+    compactions = [r for r in caplog.records if r.getMessage().startswith("compacted ")]
+    assert compactions
+    assert {r.threadName for r in compactions} == {"pgcdc-maintenance"}
     pipeline.check()
     assert_equal(pipeline)
     (table,) = pipeline.plan.tables if pipeline.plan else ()
@@ -152,3 +166,131 @@ def test_a_pipeline_compacts_what_its_batches_add(
         assert _parquet_on_disk(target.path) == len(target.files()), kind  # vacuumed
     changelog = DeltaTarget(table.path(pipeline.layout, "changelog")).read()
     assert changelog.num_rows == 80
+
+
+def test_a_write_that_loses_to_a_compaction_is_written_again(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A MERGE whose commit comes after a compaction of the files it read fails with Delta's
+    conflict and nothing of it written; ``again_on_conflict`` writes it again."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    path = _appended(spark, tmp_path / "t", 4)
+    started, release = tmp_path / "merge-started", tmp_path / "release"
+
+    @F.udf(T.LongType(), useArrow=False)  # type: ignore[misc]
+    def held(value: int) -> int:
+        # the first attempt's source waits (in the executor) until the compaction committed
+        if not release.exists():
+            started.touch()
+            deadline = time.monotonic() + 120
+            while not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return value
+
+    attempts = []
+
+    def merge() -> None:
+        attempts.append(1)
+        source = spark.range(0, 20).coalesce(1).select(held(F.col("id")).alias("id"))
+        (
+            DeltaTable.forPath(spark, path)
+            .alias("t")
+            .merge(source.alias("s"), "t.id = s.id")
+            .whenMatchedDelete()
+            .execute()
+        )
+
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            again_on_conflict(merge, "test merge")
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with caplog.at_level(logging.INFO, logger="pgcdc.lake"):
+        writer = threading.Thread(target=run)
+        writer.start()
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the MERGE's source never ran"
+        assert Maintenance(compact_files=4, vacuum=False).compact(spark, "t", path)
+        release.touch()
+        writer.join(180)
+    assert outcome == [None]
+    assert len(attempts) == 2  # the first lost to the compaction
+    assert "test merge: a concurrent commit" in caplog.text
+    assert sorted(DeltaTarget(path).read().column("id").to_pylist()) == list(range(20, 40))
+
+
+def test_a_write_that_keeps_conflicting_fails_after_its_attempts() -> None:
+    from delta.exceptions import ConcurrentAppendException
+
+    attempts = []
+
+    def write() -> None:
+        attempts.append(1)
+        raise ConcurrentAppendException("a concurrent append")  # type: ignore[no-untyped-call]
+
+    assert issubclass(ConcurrentAppendException, conflicts())
+    with pytest.raises(ConcurrentAppendException):
+        again_on_conflict(write, "test write")
+    assert len(attempts) == CONFLICT_ATTEMPTS
+    # anything but a conflict is not written again
+    attempts.clear()
+
+    def broken() -> None:
+        attempts.append(1)
+        raise ValueError("not a conflict")
+
+    with pytest.raises(ValueError, match="not a conflict"):
+        again_on_conflict(broken, "test write")
+    assert len(attempts) == 1
+
+
+def test_exclusive_maintenance_waits_for_batches_in_flight_and_holds_off_new_ones() -> None:
+    gate = BatchGate()
+    order: list[str] = []
+    batch_in = threading.Event()
+    batch_out = threading.Event()
+
+    def batch() -> None:
+        with gate.batch():
+            order.append("batch starts")
+            batch_in.set()
+            batch_out.wait(10)
+            order.append("batch ends")
+
+    def exclusive() -> None:
+        with gate.exclusive():
+            order.append("vacuum")
+            time.sleep(0.2)
+            order.append("vacuum ends")
+
+    first = threading.Thread(target=batch)
+    first.start()
+    batch_in.wait(10)
+    vacuum = threading.Thread(target=exclusive)
+    vacuum.start()
+    time.sleep(0.2)
+    assert order == ["batch starts"]  # the vacuum waits for the batch in flight
+    batch_out.set()
+    first.join(10)
+    vacuum.join(10)
+    assert order == ["batch starts", "batch ends", "vacuum", "vacuum ends"]
+    # a batch that starts during an exclusive step waits for its end
+    order.clear()
+    batch_in.clear()
+    vacuum = threading.Thread(target=exclusive)
+    vacuum.start()
+    time.sleep(0.05)
+    second = threading.Thread(target=batch)
+    second.start()
+    second.join(10)
+    vacuum.join(10)
+    assert order == ["vacuum", "vacuum ends", "batch starts", "batch ends"]

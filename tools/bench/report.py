@@ -125,14 +125,17 @@ def _load(directory: Path) -> dict[str, dict[str, Any]]:
         if path.exists():
             out[name] = json.loads(path.read_text())
     # the memory benchmark with another driver heap (``--driver-memory``), after the default
-    for path in sorted(directory.glob("memory-driver-*.json")):
-        out[path.stem] = json.loads(path.read_text())
+    for pattern in ("catchup-x*.json", "memory-driver-*.json"):
+        for path in sorted(directory.glob(pattern)):
+            out[path.stem] = json.loads(path.read_text())
     return out
 
 
 def _kind(name: str) -> str:
-    """The benchmark a result belongs to (``memory-driver-512m`` is a ``memory`` result)."""
-    return "memory" if name.startswith("memory-driver-") else name
+    """The benchmark a result belongs to (``memory-driver-512m`` is a ``memory`` result,
+    ``catchup-x10`` a ``catchup`` one)."""
+    variant = name.startswith(("memory-driver-", "catchup-x"))
+    return name.split("-", maxsplit=1)[0] if variant else name
 
 
 def _ordered(results: dict[str, dict[str, Any]]) -> list[str]:

@@ -24,9 +24,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from deltalake import DeltaTable
 from psycopg import sql
 
+from pgcdc.lake.target import DeltaTarget
 from tools.bench.harness import (
     PgcdcRun,
     add_common_arguments,
@@ -102,9 +102,7 @@ def measure(scale: float) -> dict[str, Any]:
         _say("pgcdc: first start on the table (snapshot into the lake)")
         pipeline = PgcdcRun(full_dir, cluster.dsn(), [f"public.{TABLE}"])
         run = pipeline.run().check("snapshot")
-        lake_rows = int(
-            DeltaTable(str(pipeline.lake / "public" / TABLE)).to_pyarrow_dataset().count_rows()
-        )
+        lake_rows = DeltaTarget(pipeline.lake / "public" / TABLE).count()
 
     snapshot_seconds = run.snapshot_seconds or run.seconds
     fixed = empty.snapshot_seconds or 0.0

@@ -22,6 +22,7 @@ batch, applied or failed. Listeners run in the thread that runs the batch and mu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -44,7 +45,7 @@ from pgcdc.lake.changes import (
 )
 from pgcdc.lake.delta import cache_level
 from pgcdc.lake.history import history_rows, merge_history
-from pgcdc.lake.maintenance import Maintenance
+from pgcdc.lake.maintenance import Maintenance, conflicts, worker_for
 from pgcdc.lake.mirror import merge_mirror, mirror_rows
 from pgcdc.lake.multiset import assign_rows
 from pgcdc.lake.schema_evolution import Defaults
@@ -58,6 +59,7 @@ __all__ = [
     "BatchResult",
     "LakeBatchWriter",
     "Progress",
+    "again_on_conflict",
     "table_column_pairs",
 ]
 
@@ -149,6 +151,9 @@ def _lsn(value: int | None) -> str:
     return "-" if value is None else str(Lsn(value))
 
 
+#: how many times a table's write is tried when a concurrent commit (maintenance) conflicts
+CONFLICT_ATTEMPTS = 5
+
 #: a table's Delta tables, in the order their writes start
 _ORDER: tuple[TableKind, ...] = ("history", "mirror", "changelog")
 
@@ -186,7 +191,45 @@ class LakeBatchWriter:
         columns = dict(self.table_columns)
         known = {t.table_id for t in self.tables}
         written: list[tuple[str, str]] = []  # (name, path), for maintenance after the batch
+        worker = None if self.maintenance is None else worker_for(self.app_id, self.maintenance)
         df = df.persist(cache_level())
+        with contextlib.ExitStack() as stack:
+            if worker is not None:  # no vacuum of short retention while the batch writes
+                stack.enter_context(worker.gate.batch())
+            self._apply(df, batch_id, result, columns=columns, known=known, written=written)
+        result.seconds = time.monotonic() - started
+        result.finished_at = time.time()
+        log.info(
+            "batch %s: %s changes of %s tables, LSN %s to %s, %.2f s",
+            batch_id,
+            result.changes,
+            result.tables,
+            _lsn(result.min_lsn),
+            _lsn(result.max_lsn),
+            result.seconds,
+            extra={
+                "batch": batch_id,
+                "changes": result.changes,
+                "tables": result.tables,
+                "min_lsn": _lsn(result.min_lsn),
+                "max_lsn": _lsn(result.max_lsn),
+                "seconds": round(result.seconds, 3),
+            },
+        )
+        if worker is not None:  # beside the next batches, never inside one
+            worker.submit(df.sparkSession, written)
+        return result
+
+    def _apply(
+        self,
+        df: Any,
+        batch_id: int,
+        result: BatchResult,
+        *,
+        columns: dict[str, str],
+        known: set[str],
+        written: list[tuple[str, str]],
+    ) -> None:
         try:
             clock = time.monotonic()
             overview = batch_overview(df, columns)
@@ -245,36 +288,6 @@ class LakeBatchWriter:
             result.skipped = result.tables == 0 and bool(overview.tables)
         finally:
             df.unpersist()
-        result.seconds = time.monotonic() - started
-        result.finished_at = time.time()
-        log.info(
-            "batch %s: %s changes of %s tables, LSN %s to %s, %.2f s",
-            batch_id,
-            result.changes,
-            result.tables,
-            _lsn(result.min_lsn),
-            _lsn(result.max_lsn),
-            result.seconds,
-            extra={
-                "batch": batch_id,
-                "changes": result.changes,
-                "tables": result.tables,
-                "min_lsn": _lsn(result.min_lsn),
-                "max_lsn": _lsn(result.max_lsn),
-                "seconds": round(result.seconds, 3),
-            },
-        )
-        # after the batch's timing (its lag and duration are its commits') and its unpersist
-        maintenance = self.maintenance
-        if maintenance is not None:
-            # the tables at the same time, as the batch wrote them
-            _in_sessions(
-                df.sparkSession,
-                lambda session, table: maintenance.after_batch(session, [table]),
-                written,
-                PARALLEL_TABLES,
-            )
-        return result
 
     def _apply_tables(self, df: Any, batch_id: int, jobs: Sequence[_TableJob]) -> list[Any]:
         """Write each table's Delta tables; the newest commit time each mirror got. Tables are
@@ -340,6 +353,11 @@ class LakeBatchWriter:
                 resolved = resolved.persist(cache_level())
 
         def write(session: Any, kind: TableKind) -> Any:
+            return again_on_conflict(
+                lambda: write_once(session, kind), f"batch {batch_id} {table.table_id} {kind}"
+            )
+
+        def write_once(session: Any, kind: TableKind) -> Any:
             path = wanted[kind]
             clock = time.monotonic()
             newest = None
@@ -416,6 +434,23 @@ class LakeBatchWriter:
                 "commit: cannot tell what it held before; drop and copy the table again"
             )
         return before
+
+
+def again_on_conflict(write: Callable[[], _R], what: str) -> _R:
+    """``write()``, again while it fails for a concurrent commit (a compaction or purge by the
+    maintenance running beside the batches; nothing of the failed commit is in the table and
+    the write's application transaction keeps it once), up to ``CONFLICT_ATTEMPTS`` times."""
+    for attempt in range(1, CONFLICT_ATTEMPTS):
+        try:
+            return write()
+        except conflicts() as exc:
+            log.info(
+                "%s: a concurrent commit (%s); writing it again (%d)",
+                what,
+                type(exc).__name__,
+                attempt,
+            )
+    return write()
 
 
 def _in_sessions(

@@ -24,17 +24,23 @@ for each file, and so do the MERGEs. So after each batch, for each Delta table i
   log is such a file: keep nothing else there. Time travel to versions older than that then
   fails, as after any ``VACUUM``.
 
-Maintenance runs between batches, after a batch's commits and after its duration and lag were
-taken, and never fails a batch: its data is committed before, and a failed step leaves the
-table as it was; it is logged as a warning and tried again after a later batch.
+Maintenance runs beside the batches, never inside one (``MaintenanceWorker``: a thread per
+pipeline that takes the tables each batch wrote once its commits are done), and never fails a
+batch: its data is committed before, and a failed step leaves the table as it was; it is
+logged and tried again after a later batch. A compaction or purge that commits while a batch
+writes the same table makes that batch's write conflict; the batch writes it again (its
+application transaction makes that safe). A vacuum with a retention under
+``EXCLUSIVE_VACUUM_HOURS`` could delete the files of a write in flight, so it waits for the
+batch in flight and holds off the next one; with Delta's default retention it runs beside them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +50,17 @@ import pyarrow.compute as pc
 from pgcdc.lake.delta import USER_METADATA, quote_name, user_metadata
 from pgcdc.lake.target import DeltaTarget
 
-__all__ = ["COMPACT_METADATA", "PURGE_METADATA", "Maintenance", "deleted_share", "last_vacuum"]
+__all__ = [
+    "COMPACT_METADATA",
+    "EXCLUSIVE_VACUUM_HOURS",
+    "PURGE_METADATA",
+    "Maintenance",
+    "MaintenanceWorker",
+    "conflicts",
+    "deleted_share",
+    "last_vacuum",
+    "worker_for",
+]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -110,20 +126,35 @@ class Maintenance:
     vacuum_retention_hours: int = 168
     vacuum_interval: float = 3600.0  # seconds between two vacuums (and purge checks) of a table
 
-    def after_batch(self, spark: Any, tables: Iterable[tuple[str, str]]) -> None:
-        """Compact, purge and vacuum, when due, each ``(name, path)`` a batch wrote."""
+    def after_batch(
+        self,
+        spark: Any,
+        tables: Iterable[tuple[str, str]],
+        gate: BatchGate | None = None,
+    ) -> None:
+        """Compact, purge and vacuum, when due, each ``(name, path)`` a batch wrote; a vacuum
+        under ``EXCLUSIVE_VACUUM_HOURS`` of retention holds ``gate`` exclusively."""
         for name, path in tables:
             for step in (self.compact, self.purge_if_due, self.vacuum_if_due):
+                exclusive = (
+                    gate is not None
+                    and step == self.vacuum_if_due
+                    and self.vacuum_retention_hours < EXCLUSIVE_VACUUM_HOURS
+                )
                 try:
-                    step(spark, name, path)
+                    with gate.exclusive() if exclusive and gate else contextlib.nullcontext():
+                        step(spark, name, path)
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 # never fails the batch, whose commits are done: nothing of it depends on this
                 except Exception as exc:
-                    log.warning(
-                        "maintenance (%s) of %s failed (%s: %s); tried again after a later batch",
+                    conflict = isinstance(exc, conflicts())
+                    log.log(
+                        logging.INFO if conflict else logging.WARNING,
+                        "maintenance (%s) of %s %s (%s: %s); tried again after a later batch",
                         step.__name__,
                         name,
+                        "gave way to a batch's commit" if conflict else "failed",
                         type(exc).__name__,
                         str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "",
                     )
@@ -249,3 +280,169 @@ class Maintenance:
             _vacuumed[path] = due
         log.debug("vacuumed %s (retention %d hours)", name, self.vacuum_retention_hours)
         return True
+
+
+#: a vacuum with less retention than this (hours) runs between batches only: it deletes files
+#: no version uses once older than the retention, and a write in flight has such files
+EXCLUSIVE_VACUUM_HOURS = 1
+
+
+def conflicts() -> tuple[type[BaseException], ...]:
+    """Delta's exceptions for a commit that lost to a concurrent one (nothing of it is in the
+    table; writing it again is safe)."""
+    # each of Delta's Python conflict classes derives from PySparkException alone
+    from delta.exceptions import (
+        ConcurrentAppendException,
+        ConcurrentDeleteDeleteException,
+        ConcurrentDeleteReadException,
+        ConcurrentWriteException,
+        DeltaConcurrentModificationException,
+    )
+
+    return (
+        ConcurrentAppendException,
+        ConcurrentDeleteDeleteException,
+        ConcurrentDeleteReadException,
+        ConcurrentWriteException,
+        DeltaConcurrentModificationException,
+    )
+
+
+class BatchGate:
+    """Batches in flight against exclusive maintenance: any number of batches at once, or one
+    exclusive step when none is in flight."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._batches = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._exclusive)
+            self._batches += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._batches -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._exclusive and self._batches == 0)
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._exclusive = False
+                self._changed.notify_all()
+
+
+#: the Spark job group of maintenance's jobs, cancelled when a pipeline stops
+JOB_GROUP = "pgcdc-maintenance"
+
+
+class MaintenanceWorker:
+    """Maintenance of the Delta tables batches wrote, in a thread of its own, so that no
+    batch's latency includes it: ``submit`` (after a batch's commits) queues the tables, each
+    once however many batches wrote it since, and the thread works through them in a Spark
+    session of its own. ``drain`` waits for the queue to empty (a run that ends when caught up
+    leaves its tables maintained); ``stop`` cancels the step in flight (it leaves its table as
+    it was) and ends the thread."""
+
+    def __init__(self, maintenance: Maintenance) -> None:
+        self.maintenance = maintenance
+        self.gate = BatchGate()
+        self._changed = threading.Condition()
+        self._pending: dict[str, str] = {}  # path -> name, in the order first queued
+        self._spark: Any = None
+        self._busy = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, spark: Any, tables: Iterable[tuple[str, str]]) -> None:
+        with self._changed:
+            if self._stopped:
+                return
+            for name, path in tables:
+                self._pending.setdefault(path, name)
+            self._spark = spark
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="pgcdc-maintenance", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify_all()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every queued table is maintained; whether it was within ``timeout``."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: self._stopped or (not self._pending and not self._busy), timeout
+            )
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopped = True
+            self._pending.clear()
+            spark = self._spark
+            self._changed.notify_all()
+        if spark is not None:
+            with contextlib.suppress(Exception):  # a stopped context has nothing to cancel
+                spark.sparkContext.cancelJobGroup(JOB_GROUP)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=60)
+
+    def _run(self) -> None:
+        session: Any = None
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._stopped or bool(self._pending))
+                if self._stopped:
+                    return
+                path, name = next(iter(self._pending.items()))
+                del self._pending[path]
+                spark = self._spark
+                self._busy = True
+            try:
+                app = spark.sparkContext.applicationId
+                if session is None or session.sparkContext.applicationId != app:
+                    session = spark.newSession()
+                # pinned threads: the group is this thread's, so stop cancels only maintenance
+                session.sparkContext.setJobGroup(JOB_GROUP, "pgcdc maintenance", False)
+                self.maintenance.after_batch(session, [(name, path)], self.gate)
+            except Exception as exc:  # a stopped context: nothing to maintain any more
+                log.debug("maintenance of %s not run (%s)", name, type(exc).__name__)
+            finally:
+                with self._changed:
+                    self._busy = False
+                    self._changed.notify_all()
+
+
+#: per pipeline application id: its maintenance worker
+_WORKERS: dict[str, MaintenanceWorker] = {}
+
+
+def worker_for(app_id: str, maintenance: Maintenance | None = None) -> MaintenanceWorker | None:
+    """The maintenance worker of the pipeline ``app_id`` (created with ``maintenance`` when
+    given; a stopped one is replaced); None if it has none."""
+    replaced = None
+    with _lock:
+        worker = _WORKERS.get(app_id)
+        if maintenance is not None and (
+            worker is None or worker.stopped or worker.maintenance != maintenance
+        ):
+            replaced, worker = worker, MaintenanceWorker(maintenance)
+            _WORKERS[app_id] = worker
+    if replaced is not None:
+        replaced.stop()
+    return worker

@@ -58,6 +58,7 @@ from pgcdc.lake.batch import PROGRESS, BatchResult, LakeBatchWriter, Progress, t
 from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source, source_columns
 from pgcdc.lake.config import ConfigError, PipelineConfig
 from pgcdc.lake.delta import delta_settings, is_delta_table, quiet_logs, table_schema
+from pgcdc.lake.maintenance import worker_for
 from pgcdc.lake.monitor import (
     BatchEvents,
     Observer,
@@ -467,6 +468,9 @@ class Pipeline:
             self._stream(plan, state, until_caught_up, result, on_started, health=health)
             self._raise_fatal()
         finally:
+            worker = worker_for(state.stream_app_id)
+            if worker is not None:  # a step in flight is cancelled; the table stays as it was
+                worker.stop()
             monitor.stop()
             if self.heartbeat is not None:
                 self.heartbeat.stop()
@@ -723,6 +727,7 @@ class Pipeline:
             if error is None:
                 self._clear_failure(None)  # if the checkpoint committed the failed batch since
                 if until_caught_up:
+                    self._drain_maintenance(state.stream_app_id)
                     self.drop_gone_columns()
                 return
             if self._fatal is not None:
@@ -747,6 +752,16 @@ class Pipeline:
             raise PipelineError(
                 f"the stream failed: {scrub_secrets(_first_line(error))}{_spark_hint(error)}"
             ) from error
+
+    def _drain_maintenance(self, app_id: str) -> None:
+        """Wait for the maintenance the run's batches left due (a run that ends when caught up
+        leaves its tables maintained), unless the pipeline is asked to stop meanwhile."""
+        worker = worker_for(app_id)
+        if worker is None:
+            return
+        while not self._stop.is_set() and self._fatal is None:
+            if worker.drain(timeout=1.0):
+                return
 
     # -- the failed batch in the state (pgcdc status) ------------------------------------------
 
