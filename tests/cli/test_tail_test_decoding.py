@@ -262,11 +262,12 @@ def test_a_two_phase_slot_below_version_3_same_as_test_decoding(
     assert got.decode("utf-8").splitlines() == decoded.expected[True].decode("utf-8").splitlines()
 
 
-def test_binary_values_of_types_the_codec_cannot_read(pg: PgDatabase) -> None:
-    """``--binary`` on composites, ranges, multiranges, an enum, a domain over a composite and
-    arrays of them: values of types the codec has no reader for are rendered by the server's
-    own receive and output functions, so the output is test_decoding's and the stream never
-    stops (it stopped at the first composite; issue 26)."""
+def test_binary_values_of_every_kind_print_as_test_decoding(pg: PgDatabase) -> None:
+    """``--binary`` on composites, ranges, multiranges, an enum, a domain, geometric, text
+    search and bookkeeping types and arrays of them, printed by the codec itself, and a
+    regclass, whose text needs the catalog and comes from the server's own receive and output
+    functions: the output is test_decoding's and the stream never stops (it stopped at the
+    first composite; issue 26)."""
     pg.execute(
         """
         CREATE TYPE pair AS (a int, b text);
@@ -275,7 +276,8 @@ def test_binary_values_of_types_the_codec_cannot_read(pg: PgDatabase) -> None:
         CREATE DOMAIN pos AS int CHECK (VALUE > 0);
         CREATE TABLE odd (id int PRIMARY KEY, pr pair, ns nest, rg int4range, nr numrange,
                           ts tstzrange, m mood, d pos, prs pair[], rgs int4range[],
-                          pt point, bx box, ls pg_lsn, tv tsvector, mo money);
+                          pt point, bx box, ls pg_lsn, tv tsvector, mo money,
+                          ci circle, tq tsquery, sn pg_snapshot, rc regclass);
         CREATE PUBLICATION podd FOR TABLE odd;
         """
     )
@@ -288,9 +290,10 @@ def test_binary_values_of_types_the_codec_cannot_read(pg: PgDatabase) -> None:
         INSERT INTO odd VALUES
           (1, '(1,"x y")', '("(2,z)","[3,7)","{a,\\"b c\\"}")', '[3,7)', '(1.5,2.25]',
            '["2024-01-01 10:00+00",infinity)', 'happy', 5, ARRAY['(1,a)', NULL, '(,)']::pair[],
-           '{"[1,2)",empty}', '(1.5,-2)', '((0,0),(1,1))', '16/B374D848', 'a:1 b:2', '12.34'),
+           '{"[1,2)",empty}', '(1.5,-2)', '((0,0),(1,1))', '16/B374D848', 'a:1 b:2', '12.34',
+           '<(1,2),3>', 'a & !(b | c:*)', '10:20:12', 'odd'),
           (2, NULL, NULL, 'empty', '(,)', NULL, NULL, NULL, '{}', NULL, NULL, NULL, NULL, '',
-           NULL);
+           NULL, NULL, '', NULL, NULL);
         UPDATE odd SET rg = '(,5]', pr = '(3,)' WHERE id = 1;
         DELETE FROM odd WHERE id = 2;
         """

@@ -104,6 +104,7 @@ def lake_commits(table_dir: Path) -> list[tuple[int, float, int]]:
     """``(version, commit time in s, largest id added so far)`` for each Delta commit."""
     out: list[tuple[int, float, int]] = []
     running = 0
+    physical = "id"  # the column's name in the files and statistics (column mapping)
     for path in sorted((table_dir / "_delta_log").glob("*.json")):
         version = int(path.stem)
         stamp = None
@@ -112,13 +113,19 @@ def lake_commits(table_dir: Path) -> list[tuple[int, float, int]]:
             action = json.loads(line)
             if "commitInfo" in action:
                 stamp = action["commitInfo"].get("timestamp")
+            if "metaData" in action:
+                for field in json.loads(action["metaData"]["schemaString"])["fields"]:
+                    if field["name"] == "id":
+                        meta = field.get("metadata", {})
+                        physical = meta.get("delta.columnMapping.physicalName", "id")
             add = action.get("add")
-            if add is None:
+            if add is None or not add.get("dataChange", True):  # a compaction adds no rows
                 continue
             stats = json.loads(add["stats"]) if add.get("stats") else {}
-            top = stats.get("maxValues", {}).get("id")
+            top = stats.get("maxValues", {}).get(physical)
             if top is None and stats.get("numRecords", 1):
-                column = pq.read_table(table_dir / add["path"], columns=["id"]).column("id")
+                file = table_dir / add["path"]
+                column = pq.read_table(file, columns=[physical]).column(physical)
                 top = max(column.to_pylist() or [0])
             largest = max(largest, int(top or 0))
         if stamp is None:

@@ -30,16 +30,20 @@ from pgcdc.protocol.values.converter import Converter, string_arrow_text
 from pgcdc.protocol.values.datetime import CONVERTERS as DATETIME
 from pgcdc.protocol.values.errors import ConversionError
 from pgcdc.protocol.values.floats import CONVERTERS as FLOATS
+from pgcdc.protocol.values.geometry import CONVERTERS as GEOMETRY
 from pgcdc.protocol.values.json import CONVERTERS as JSON
 from pgcdc.protocol.values.network import CONVERTERS as NETWORK
 from pgcdc.protocol.values.numeric import CONVERTERS as NUMERIC
 from pgcdc.protocol.values.ranges import multirange_text, range_text
 from pgcdc.protocol.values.records import record_text
 from pgcdc.protocol.values.registry import DEFAULT_REGISTRY, TypeRegistry
+from pgcdc.protocol.values.system import CONVERTERS as SYSTEM
+from pgcdc.protocol.values.text_search import CONVERTERS as TEXT_SEARCH
 from pgcdc.protocol.values.uuid import CONVERTERS as UUID
 
 __all__ = [
     "CONVERTERS",
+    "SERVER_RENDERED",
     "UNKNOWN",
     "Plan",
     "ServerText",
@@ -64,6 +68,42 @@ CONVERTERS: dict[int, Converter] = {
     **BITS,
     **NETWORK,
     **DATETIME,
+    **GEOMETRY,
+    **TEXT_SEARCH,
+    **SYSTEM,
+}
+
+
+#: Built-in types with a binary send function whose output the codec leaves to the server
+#: (``pg_text``'s ``server_text``), and why; every other built-in base type it reads itself
+#: (tests/protocol/values/test_builtin_types.py checks both servers' pg_type against this).
+SERVER_RENDERED: dict[str, str] = {
+    **{
+        name: "an OID, printed as the name the catalog gives it"
+        for name in (
+            "regproc",
+            "regprocedure",
+            "regoper",
+            "regoperator",
+            "regclass",
+            "regtype",
+            "regconfig",
+            "regdictionary",
+            "regnamespace",
+            "regrole",
+            "regcollation",
+        )
+    },
+    **{
+        name: "the planner's statistics in their internal form; not a column type of user data"
+        for name in (
+            "pg_ndistinct",
+            "pg_dependencies",
+            "pg_mcv_list",
+            "pg_brin_bloom_summary",
+            "pg_brin_minmax_multi_summary",
+        )
+    },
 }
 
 

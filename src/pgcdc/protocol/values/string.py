@@ -114,6 +114,8 @@ CONVERTERS: dict[int, Converter] = {
     oids.NAME_OID: text_converter("name", decode_utf8),
     oids.XML_OID: text_converter("xml", decode_utf8),
     oids.REFCURSOR_OID: text_converter("refcursor", decode_utf8),
+    # a stored expression's node tree (pg_node_tree_send is textsend)
+    oids.PG_NODE_TREE_OID: text_converter("pg_node_tree", decode_utf8),
     # an untyped literal (a column of ``ROW(1, 'a')``): unknownsend and unknownout are text's
     oids.UNKNOWN_OID: text_converter("unknown", decode_utf8),
     oids.CHAR_OID: text_converter('"char"', char_text),
