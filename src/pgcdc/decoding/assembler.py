@@ -62,6 +62,7 @@ from pgcdc.decoding.transaction import (
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.decoder import MAX_PROTO_VERSION, Decoder
 from pgcdc.protocol.errors import MESSAGE_NAMES
+from pgcdc.protocol.message_types import XID_IN_STREAM, MessageType, peek
 from pgcdc.protocol.messages import (
     Begin,
     BeginPrepare,
@@ -96,12 +97,12 @@ log = logging.getLogger(__name__)
 
 _U32 = struct.Struct("!I")
 _XID_OID = struct.Struct("!II")  # a streamed data message's xid, then (mostly) a relation OID
-_CODE_R = 0x52
-_CODE_Y = 0x59
-_CODE_T = 0x54
-_CODE_M = 0x4D
+_CODE_R = MessageType.RELATION
+_CODE_Y = MessageType.TYPE
+_CODE_T = MessageType.TRUNCATE
+_CODE_M = MessageType.MESSAGE
 #: Message types that carry data (and, inside a streamed block, an xid after the type byte).
-_DATA_CODES = frozenset(b"RYIUDTM")
+_DATA_CODES = XID_IN_STREAM
 
 _REGULAR = "regular"
 _PREPARED = "prepared"
@@ -557,7 +558,7 @@ class Assembler:
                 t.buffer.append(payload, lsn)
             return
         if code == _CODE_M:
-            if len(payload) > 1 and payload[1] == 0:
+            if not peek(payload, in_stream=False).transactional:
                 message = self._decode(payload)
                 assert isinstance(message, Message)
                 self._plain_message(message)
@@ -585,7 +586,7 @@ class Assembler:
             assert isinstance(message, Type)
             self.relations.add_type(message)
             return
-        if code == _CODE_M and len(payload) > 5 and payload[5] == 0:
+        if code == _CODE_M and not peek(payload, in_stream=True).transactional:
             message = self._decode(payload)
             assert isinstance(message, Message)
             self._plain_message(message)

@@ -19,11 +19,12 @@ from pgcdc.filters.rowfilter import RowFilter
 from pgcdc.filters.stream import StreamFilter
 from pgcdc.lsn import Lsn
 from pgcdc.protocol import MAX_PROTO_VERSION, Column, Decoder, Encoder, Relation
+from pgcdc.protocol.message_types import CHANGES, MessageType
 from pgcdc.replication import Reconnected, WalData
 
 __all__ = ["FilteredSource", "check_filters", "relation_from_catalog"]
 
-_CHANGE_CODES = frozenset(b"IUDR")
+_CHANGE_CODES = CHANGES | {MessageType.RELATION}
 
 
 class _Source(Protocol):

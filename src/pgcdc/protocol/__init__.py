@@ -10,6 +10,7 @@ from pgcdc.protocol.columnar import ColumnarBatch, ColumnarDecoder
 from pgcdc.protocol.decoder import MAX_PROTO_VERSION, Decoder
 from pgcdc.protocol.encoder import Encoder, encode_tuple
 from pgcdc.protocol.errors import CopyFormatError, ProtocolError
+from pgcdc.protocol.message_types import MessageHeader, MessageType, peek
 from pgcdc.protocol.messages import (
     UNCHANGED_TOAST,
     Begin,
@@ -54,6 +55,8 @@ __all__ = [
     "Encoder",
     "Insert",
     "Message",
+    "MessageHeader",
+    "MessageType",
     "Origin",
     "Prepare",
     "ProtocolError",
@@ -72,4 +75,5 @@ __all__ = [
     "UnchangedToast",
     "Update",
     "encode_tuple",
+    "peek",
 ]

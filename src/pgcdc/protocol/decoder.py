@@ -19,6 +19,7 @@ from typing import Literal
 
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.errors import ProtocolError
+from pgcdc.protocol.message_types import OUTSIDE_STREAM, MessageType
 from pgcdc.protocol.messages import (
     UNCHANGED_TOAST,
     Begin,
@@ -51,20 +52,8 @@ __all__ = ["MAX_PROTO_VERSION", "MESSAGE_VERSIONS", "Decoder"]
 
 MAX_PROTO_VERSION = 4
 
-#: The lowest protocol version in which a server sends each message type. The two-phase
-#: messages come in every version: logical.c decodes prepared transactions at PREPARE time
-#: whenever the slot was created with two_phase (``ctx->twophase &= slot->data.two_phase ||
-#: ctx->twophase_opt_given``); pgoutput only refuses the *option* below version 3. Stream
-#: Prepare comes with streaming, which pgoutput refuses below version 2.
-MESSAGE_VERSIONS: dict[int, int] = {
-    **{ord(c): 1 for c in "BMCORYIUDTbPKr"},
-    **{ord(c): 2 for c in "SEcAp"},
-}
-
-#: Message types that may only appear outside a streamed block.
-_OUTSIDE_STREAM = frozenset(ord(c) for c in "BCbPKrcAp")
-#: Message types that carry an Xid inside a streamed block.
-_XID_IN_STREAM = frozenset(ord(c) for c in "RYIUDTM")
+#: The lowest protocol version in which a server sends each message type (``MessageType.since``).
+MESSAGE_VERSIONS: dict[int, int] = {int(kind): kind.since for kind in MessageType}
 
 _U8 = struct.Struct("!B")
 _U32 = struct.Struct("!I")
@@ -250,25 +239,25 @@ class Decoder:
         #: Xid of the streamed transaction whose block is open, None outside Stream Start/Stop.
         self.stream_xid: int | None = None
         self._dispatch: dict[int, Callable[[_Cursor], ReplicationMessage]] = {
-            ord("B"): self._begin,
-            ord("M"): self._message,
-            ord("C"): self._commit,
-            ord("O"): self._origin,
-            ord("R"): self._relation,
-            ord("Y"): self._type,
-            ord("I"): self._insert,
-            ord("U"): self._update,
-            ord("D"): self._delete,
-            ord("T"): self._truncate,
-            ord("S"): self._stream_start,
-            ord("E"): self._stream_stop,
-            ord("c"): self._stream_commit,
-            ord("A"): self._stream_abort,
-            ord("b"): self._begin_prepare,
-            ord("P"): self._prepare,
-            ord("K"): self._commit_prepared,
-            ord("r"): self._rollback_prepared,
-            ord("p"): self._stream_prepare,
+            MessageType.BEGIN: self._begin,
+            MessageType.MESSAGE: self._message,
+            MessageType.COMMIT: self._commit,
+            MessageType.ORIGIN: self._origin,
+            MessageType.RELATION: self._relation,
+            MessageType.TYPE: self._type,
+            MessageType.INSERT: self._insert,
+            MessageType.UPDATE: self._update,
+            MessageType.DELETE: self._delete,
+            MessageType.TRUNCATE: self._truncate,
+            MessageType.STREAM_START: self._stream_start,
+            MessageType.STREAM_STOP: self._stream_stop,
+            MessageType.STREAM_COMMIT: self._stream_commit,
+            MessageType.STREAM_ABORT: self._stream_abort,
+            MessageType.BEGIN_PREPARE: self._begin_prepare,
+            MessageType.PREPARE: self._prepare,
+            MessageType.COMMIT_PREPARED: self._commit_prepared,
+            MessageType.ROLLBACK_PREPARED: self._rollback_prepared,
+            MessageType.STREAM_PREPARE: self._stream_prepare,
         }
 
     @property
@@ -301,7 +290,7 @@ class Decoder:
                 f"message type {chr(code)!r} exists from protocol version {since}, "
                 f"but this stream uses version {self.proto_version}",
             )
-        if self.stream_xid is not None and code in _OUTSIDE_STREAM:
+        if self.stream_xid is not None and code in OUTSIDE_STREAM:
             raise ProtocolError(
                 chr(code),
                 0,
@@ -312,9 +301,9 @@ class Decoder:
         message = handler(cursor)
         cursor.finish()
         # the stream state changes only once a message is known to be whole
-        if code == 0x53:  # 'S'
+        if code == MessageType.STREAM_START:
             self.stream_xid = message.xid  # type: ignore[union-attr]
-        elif code == 0x45:  # 'E'
+        elif code == MessageType.STREAM_STOP:
             self.stream_xid = None
         return message
 

@@ -30,8 +30,8 @@ from pgcdc.protocol.decoder import (
     _U32,
     _U64,
     MAX_PROTO_VERSION,
-    MESSAGE_VERSIONS,
 )
+from pgcdc.protocol.message_types import MessageType
 from pgcdc.protocol.messages import (
     UNCHANGED_TOAST,
     Begin,
@@ -60,26 +60,26 @@ from pgcdc.protocol.timestamps import to_pg_micros
 
 __all__ = ["Encoder", "encode_tuple"]
 
-_TYPE_CODES: dict[type, bytes] = {
-    Begin: b"B",
-    Message: b"M",
-    Commit: b"C",
-    Origin: b"O",
-    Relation: b"R",
-    Type: b"Y",
-    Insert: b"I",
-    Update: b"U",
-    Delete: b"D",
-    Truncate: b"T",
-    StreamStart: b"S",
-    StreamStop: b"E",
-    StreamCommit: b"c",
-    StreamAbort: b"A",
-    BeginPrepare: b"b",
-    Prepare: b"P",
-    CommitPrepared: b"K",
-    RollbackPrepared: b"r",
-    StreamPrepare: b"p",
+_TYPE_CODES: dict[type, MessageType] = {
+    Begin: MessageType.BEGIN,
+    Message: MessageType.MESSAGE,
+    Commit: MessageType.COMMIT,
+    Origin: MessageType.ORIGIN,
+    Relation: MessageType.RELATION,
+    Type: MessageType.TYPE,
+    Insert: MessageType.INSERT,
+    Update: MessageType.UPDATE,
+    Delete: MessageType.DELETE,
+    Truncate: MessageType.TRUNCATE,
+    StreamStart: MessageType.STREAM_START,
+    StreamStop: MessageType.STREAM_STOP,
+    StreamCommit: MessageType.STREAM_COMMIT,
+    StreamAbort: MessageType.STREAM_ABORT,
+    BeginPrepare: MessageType.BEGIN_PREPARE,
+    Prepare: MessageType.PREPARE,
+    CommitPrepared: MessageType.COMMIT_PREPARED,
+    RollbackPrepared: MessageType.ROLLBACK_PREPARED,
+    StreamPrepare: MessageType.STREAM_PREPARE,
 }
 
 
@@ -142,13 +142,13 @@ class Encoder:
 
     def encode(self, message: ReplicationMessage) -> bytes:
         code = _TYPE_CODES[type(message)]
-        since = MESSAGE_VERSIONS[code[0]]
+        since = code.since
         if since > self.proto_version:
             raise ValueError(
                 f"{type(message).__name__} exists from protocol version {since}, "
                 f"not in version {self.proto_version}"
             )
-        return code + self._handlers[type(message)](message)
+        return bytes((code,)) + self._handlers[type(message)](message)
 
     def _xid(self, xid: int | None) -> bytes:
         if xid is None:

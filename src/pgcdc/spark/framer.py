@@ -28,6 +28,13 @@ from datetime import UTC, datetime, timedelta
 
 from pgcdc.protocol.decoder import Decoder
 from pgcdc.protocol.errors import ProtocolError
+from pgcdc.protocol.message_types import (
+    CHANGES,
+    DEFINITIONS,
+    TWO_PHASE,
+    XID_IN_STREAM,
+    MessageType,
+)
 from pgcdc.protocol.messages import (
     Begin,
     Commit,
@@ -50,11 +57,19 @@ _I32 = struct.Struct("!i")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 
-_B, _C, _S, _E, _c, _A = (ord(c) for c in "BCSEcA")
-_R, _Y, _I, _U, _D, _T, _M, _O = (ord(c) for c in "RYIUDTMO")
-_CHANGES = frozenset((_I, _U, _D))
-_XID_IN_STREAM = frozenset((_R, _Y, _I, _U, _D, _T, _M))
-_TWO_PHASE = frozenset(ord(c) for c in "bPKrp")
+_B, _C, _O, _M, _T = (
+    MessageType.BEGIN,
+    MessageType.COMMIT,
+    MessageType.ORIGIN,
+    MessageType.MESSAGE,
+    MessageType.TRUNCATE,
+)
+_S, _E, _c, _A = (
+    MessageType.STREAM_START,
+    MessageType.STREAM_STOP,
+    MessageType.STREAM_COMMIT,
+    MessageType.STREAM_ABORT,
+)
 
 
 def _read_i32(payload: bytes, at: int) -> int:
@@ -173,11 +188,11 @@ class Framer:
         if txn is not None:
             if kind == _C:
                 return self._commit(txn, payload, offset)
-            if kind in _CHANGES:
+            if kind in CHANGES:
                 txn.rows += 1
             elif kind == _T:
                 txn.rows += _read_i32(payload, 1)
-            elif kind in (_R, _Y):
+            elif kind in DEFINITIONS:
                 message = self._decode(payload)
                 self._capture(txn, message, payload, offset)
             elif kind not in (_O, _M):
@@ -217,7 +232,7 @@ class Framer:
         if kind == _M:
             self._decode(payload)  # a non-transactional logical message: not a row
             return None
-        if kind in _TWO_PHASE:
+        if kind in TWO_PHASE:
             raise SparkSourceError(
                 "the slot decodes prepared transactions at PREPARE time (two_phase), which the "
                 "pgcdc Spark source does not read",
@@ -255,7 +270,7 @@ class Framer:
             self._decode(payload)
             self._block = None
             return None
-        if kind in _XID_IN_STREAM:
+        if kind in XID_IN_STREAM:
             if len(payload) < 1 + _U32.size:
                 raise ProtocolError(chr(kind), len(payload), "message too short for its Xid")
             subxid = _U32.unpack_from(payload, 1)[0]
@@ -272,11 +287,11 @@ class Framer:
                             len(stream.defs),
                         )
                     )
-            if kind in _CHANGES:
+            if kind in CHANGES:
                 stream.rows += 1
             elif kind == _T:
                 stream.rows += _read_i32(payload, 5)
-            elif kind in (_R, _Y):
+            elif kind in DEFINITIONS:
                 self._capture(stream, self._decode(payload), payload, offset)
         elif kind != _O:
             self._decode(payload)

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from pgcdc.lsn import Lsn
+from pgcdc.protocol.message_types import MessageType
 from pgcdc.replication import (
     Idle,
     Reconnected,
@@ -43,7 +44,7 @@ __all__ = ["Receiver", "ReceiverSettings"]
 
 log = logging.getLogger("pgcdc.spark")
 
-_COMMITS = (b"C", b"c")
+_COMMITS = frozenset({MessageType.COMMIT, MessageType.STREAM_COMMIT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +255,7 @@ class Receiver:
             if isinstance(event, WalData):
                 payload = event.payload
                 offset = spool.append(payload)
-                if payload[:1] in _COMMITS:
+                if payload and payload[0] in _COMMITS:
                     spool.flush()  # a committed transaction is readable before it is indexed
                 with lock:
                     entry = framer.feed(payload, offset)

@@ -63,6 +63,7 @@ from pyspark.sql.types import StructType
 
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.decoder import Decoder
+from pgcdc.protocol.message_types import MessageType, peek
 from pgcdc.protocol.messages import Relation
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog, current_table
 from pgcdc.spark.decode import ChangeDecoder, Label, decode_transactions
@@ -408,7 +409,7 @@ class PgcdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         decoder = Decoder(proto)
         found = []
         for payload in payloads:
-            if payload[:1] == b"R":
+            if peek(payload, in_stream=False).kind == MessageType.RELATION:
                 message = decoder.decode(payload)
                 assert isinstance(message, Relation)
                 found.append(message)
