@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgcdc.cluster import Cluster
+from pgcdc.cli.throwaway_server import Cluster
 
 PG_VERSIONS = (15, 18)
 _counter = itertools.count()

@@ -1,10 +1,10 @@
-"""The throwaway-server harness (pgcdc.cluster): the ports its servers listen on."""
+"""The throwaway-server harness (pgcdc.cli.throwaway_server): the ports its servers listen on."""
 
 from __future__ import annotations
 
 import socket
 
-from pgcdc.cluster import _ephemeral_ports, free_port
+from pgcdc.cli.throwaway_server import _ephemeral_ports, free_port
 
 
 def test_servers_listen_outside_the_ephemeral_range() -> None:

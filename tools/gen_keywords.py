@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 
-from pgcdc.cluster import Cluster
+from pgcdc.cli.throwaway_server import Cluster
 
 VERSIONS = (15, 18)
 TARGET = Path(__file__).resolve().parents[1] / "src/pgcdc/protocol/keywords.py"

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from pgcdc.cluster import Cluster
+from pgcdc.cli.throwaway_server import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "src/pgcdc/protocol/values/oids.py"

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from pgcdc.cluster import Cluster
+from pgcdc.cli.throwaway_server import Cluster
 from pgcdc.protocol.values.adapt import CONVERTERS, SERVER_RENDERED
 
 QUERY = """

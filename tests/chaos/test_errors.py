@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pgcdc.cli import main
-from pgcdc.cluster import free_port
+from pgcdc.cli.throwaway_server import free_port
 from pgcdc.lake.config import load_config
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.target import DeltaTarget

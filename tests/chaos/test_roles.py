@@ -23,7 +23,7 @@ import pytest
 from psycopg import sql
 
 from pgcdc.cli import main
-from pgcdc.cluster import Cluster
+from pgcdc.cli.throwaway_server import Cluster
 from tests.fix_pg import drop_slots
 
 pytestmark = pytest.mark.slow

@@ -208,7 +208,7 @@ def main(argv: Sequence[str]) -> None:
             with psycopg.connect(dsn) as conn:
                 catalogs[major] = fetch(conn)
     else:
-        from pgcdc.cluster import Cluster
+        from pgcdc.cli.throwaway_server import Cluster
 
         for major in MAJORS:
             with Cluster(major) as cluster, psycopg.connect(cluster.dsn()) as conn:

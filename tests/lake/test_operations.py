@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from pgcdc.cli import main
-from pgcdc.cluster import free_port
+from pgcdc.cli.throwaway_server import free_port
 from pgcdc.lake.config import load_config
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lsn import Lsn

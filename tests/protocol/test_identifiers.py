@@ -6,7 +6,7 @@ import psycopg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pgcdc.cluster import Cluster
+from pgcdc.cli.throwaway_server import Cluster
 from pgcdc.protocol.identifiers import quote_identifier, quote_literal, quote_qualified_identifier
 from pgcdc.protocol.keywords import QUOTED_KEYWORDS
 from tests.fix_pg import PgDatabase

@@ -72,7 +72,7 @@ def test_peek_reads_the_xid_of_transaction_messages(message: object) -> None:
 
 
 def _agrees(header: object, decoded: object) -> None:
-    if isinstance(decoded, Insert | Update | Delete) or isinstance(decoded, Relation):
+    if isinstance(decoded, Insert | Update | Delete | Relation):
         assert header.relation_id == decoded.relation_id  # type: ignore[attr-defined]
     elif isinstance(decoded, Message):
         assert header.transactional == decoded.transactional  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pgcdc.cluster import free_port
+from pgcdc.cli.throwaway_server import free_port
 from pgcdc.replication import (
     PublicationNotFoundError,
     ReplicationError,

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from pgcdc.cli import main
-from pgcdc.cluster import Cluster
+from pgcdc.cli.throwaway_server import Cluster
 
 
 def _self_signed(directory: Path, name: str) -> tuple[Path, Path]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pgcdc.cluster import free_port
+from pgcdc.cli.throwaway_server import free_port
 from pgcdc.replication import create_publication, create_slot_with_snapshot
 from tests.fix_pg import PgDatabase, newest_server
 from tests.spark.streams import wait_slot_released

@@ -40,7 +40,7 @@ import numpy as np
 import psycopg
 import pyarrow as pa
 
-from pgcdc.cluster import Cluster, available_versions
+from pgcdc.cli.throwaway_server import Cluster, available_versions
 from pgcdc.protocol import Decoder
 from pgcdc.protocol.columnar import ColumnarDecoder
 from tools.bench.harness import machine_info

@@ -41,7 +41,7 @@ from typing import Any
 
 import psycopg
 
-from pgcdc.cluster import Cluster, find_server
+from pgcdc.cli.throwaway_server import Cluster, find_server
 
 ROOT = Path(__file__).resolve().parents[2]
 #: where results go: ``bench-results/``, or ``BENCH_RESULTS`` (a trial run's results kept apart)

@@ -71,7 +71,7 @@ from typing import Any
 import numpy as np
 from psycopg import sql
 
-from pgcdc.cluster import Cluster
+from pgcdc.cli.throwaway_server import Cluster
 from pgcdc.lsn import Lsn
 from tools.bench.harness import (
     MemorySampler,

@@ -28,7 +28,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from pgcdc.cluster import Cluster, available_versions
+from pgcdc.cli.throwaway_server import Cluster, available_versions
 from pgcdc.lsn import Lsn
 
 if TYPE_CHECKING:  # the lake (Spark, delta-rs, pyarrow) is imported when the demo runs

@@ -28,7 +28,7 @@ from pgcdc.errors import PgcdcError
 
 __all__ = ["Cluster", "ClusterError", "ServerInstall", "available_versions", "find_server"]
 
-_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+_PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 DEFAULT_SETTINGS: Mapping[str, str] = {
     "wal_level": "logical",
