@@ -54,7 +54,7 @@ def test_small_files_are_compacted_and_replaced_files_vacuumed(spark: Any, tmp_p
     rows = sorted(target.read().column("id").to_pylist())
     Maintenance(compact_files=7, vacuum=False).after_batch(spark, [("t", path)])
     assert len(target.files()) == 6  # fewer small files than the threshold
-    maintenance = Maintenance(compact_files=6, vacuum_retention_hours=0)
+    maintenance = Maintenance(compact_files=6, vacuum_retention_hours=0, vacuum_interval=0)
     assert maintenance.small_files(path) == 6
     maintenance.after_batch(spark, [("t", path)])
     assert len(target.files()) == 1
@@ -84,7 +84,11 @@ def test_a_vacuum_counts_for_the_next_process_through_the_tables_log(
     path = _appended(spark, tmp_path / "t", 2)
     assert maintenance.last_vacuum(path) is None
     first = Maintenance(compact_files=0)
-    assert first.vacuum_if_due(spark, "t", path)
+    # a new table is first vacuumed one interval after its creation
+    assert not first.vacuum_if_due(spark, "t", path)
+    maintenance._vacuumed.clear()
+    created = time.monotonic() + first.vacuum_interval + 1
+    assert first.vacuum_if_due(spark, "t", path, now=created)
     maintenance._vacuumed.clear()  # as in the next process
     ended = maintenance.last_vacuum(path)
     assert ended is not None and abs(time.monotonic() - ended) < 120
@@ -100,12 +104,16 @@ def test_rows_marked_deleted_are_purged_past_the_share(spark: Any, tmp_path: Pat
     path = _appended(spark, tmp_path / "t", 4)
     DeltaTable.forPath(spark, path).delete("id % 10 < 2")  # 20% marked in deletion vectors
     assert deleted_share(spark, path) == pytest.approx(0.2)
-    clock = time.monotonic()
-    assert not Maintenance(purge_deleted_share=0.25).purge_if_due(spark, "t", path, now=clock)
     purge = Maintenance(purge_deleted_share=0.1)
+    interval = purge.vacuum_interval
+    clock = time.monotonic()
+    # a new table is first checked one interval after its creation
+    assert not purge.purge_if_due(spark, "t", path, now=clock)
+    checked = clock + interval + 1
+    assert not Maintenance(purge_deleted_share=0.25).purge_if_due(spark, "t", path, now=checked)
     # checked at most every vacuum_interval: the check above counts for this table
-    assert not purge.purge_if_due(spark, "t", path, now=clock + 1)
-    assert purge.purge_if_due(spark, "t", path, now=clock + purge.vacuum_interval + 1)
+    assert not purge.purge_if_due(spark, "t", path, now=checked + 1)
+    assert purge.purge_if_due(spark, "t", path, now=checked + interval + 1)
     assert deleted_share(spark, path) == 0.0
     assert ("REORG", PURGE_METADATA) in _operations(path)
     assert DeltaTarget(path).count() == 32

@@ -46,7 +46,7 @@ from pgcdc.lake.changes import (
 from pgcdc.lake.delta import cache_level
 from pgcdc.lake.history import history_rows, merge_history
 from pgcdc.lake.maintenance import Maintenance, conflicts, worker_for
-from pgcdc.lake.mirror import merge_mirror, mirror_rows
+from pgcdc.lake.mirror import inserted_only, merge_mirror, mirror_rows
 from pgcdc.lake.multiset import assign_rows
 from pgcdc.lake.schema_evolution import Defaults
 from pgcdc.lake.tables import ROW_ID, LakeLayout, LakeTable, TableKind
@@ -329,7 +329,7 @@ class LakeBatchWriter:
 
         columns: Sequence[str] = [*names, ROW_ID] if table.multiset else names
         # only INSERTs: the Delta tables' keys are new, the rows are appended without a MERGE
-        inserts_only = not (info.updates or info.deletes or info.truncates)
+        inserts_only = inserted_only(info)
         stored = None
         resolved = None
         if "mirror" in wanted or "history" in wanted:
@@ -385,6 +385,7 @@ class LakeBatchWriter:
                     columns,
                     truncated=bool(info.truncates),
                     inserts_only=inserts_only,
+                    newest=info.max_commit_time,
                     app_id=self.app_id,
                     version=batch_id,
                     metadata=metadata,

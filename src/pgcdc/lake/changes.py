@@ -24,7 +24,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from pgcdc.lake.tables import LakeTable
@@ -134,6 +134,8 @@ class TableOverview:
     unchanged_columns: frozenset[str] = field(default_factory=frozenset)
     # updates with an old image and unchanged TOAST values (key changes among them)
     old_with_unchanged: int = 0
+    #: the newest commit time among the table's changes in the batch
+    max_commit_time: datetime | None = None
 
     @property
     def changes(self) -> int:
@@ -189,8 +191,16 @@ def batch_overview(df: Any, table_columns: dict[str, str]) -> BatchOverview:
             max_lsn=row["hi"],
             unchanged_columns=frozenset(row["c"] or ()),
             old_with_unchanged=int(row["ou"]),
+            max_commit_time=_utc(row["ct"]),
         )
     return BatchOverview(tables)
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    """Spark's timestamps come back naive, in UTC (pgcdc's sessions run in UTC)."""
+    if moment is not None and moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment
 
 
 def _overview_aggregates(df: Any, known: Sequence[str]) -> list[Any]:
@@ -226,6 +236,7 @@ def _overview_aggregates(df: Any, known: Sequence[str]) -> list[Any]:
         F.sum(F.when((op == "U") & old_unchanged.isNotNull(), 1).otherwise(0)).alias("ou"),
         F.min("_commit_lsn").alias("lo"),
         F.max("_commit_lsn").alias("hi"),
+        F.max("_commit_time").alias("ct"),
         F.collect_list(
             F.when(op == "T", F.struct("_commit_lsn", "_position", "_commit_time"))
         ).alias("t"),

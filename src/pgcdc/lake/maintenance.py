@@ -13,11 +13,13 @@ for each file, and so do the MERGEs. So after each batch, for each Delta table i
   application transaction and a replayed batch is still recognised by its own. The files'
   count comes from the Delta log read with delta-rs (no Spark job);
 * **purge** (``REORG TABLE ... APPLY (PURGE)``): at most every ``[lake] vacuum_interval``
-  seconds per table, when the rows the table's deletion vectors mark deleted are more than
-  ``[lake] purge_deleted_share`` of its rows, the files holding them are rewritten without
-  them (scattered updates mark a little of every file; readers skip those rows at a cost);
-* **vacuum** (``VACUUM``): at most every ``[lake] vacuum_interval`` seconds (3600) per table
-  (the last vacuum's time is read from the table's log, so scheduled runs share it), the
+  seconds per table (counted from the last REORG, or the table's creation), when the rows the
+  table's deletion vectors mark deleted are more than ``[lake] purge_deleted_share`` of its
+  rows, the files holding them are rewritten without them (scattered updates mark a little of
+  every file; readers skip those rows at a cost);
+* **vacuum** (``VACUUM``): at most every ``[lake] vacuum_interval`` seconds (3600) per table,
+  counted from the last vacuum or else the table's creation (both read from the table's log,
+  so scheduled runs share it), the
   files (and deletion vectors) no version of the last ``[lake] vacuum_retention_hours`` (168,
   Delta's default) uses any more are deleted, and files no version ever used (a write killed
   before its commit) once they are that old. Every file in the table's folder not used by the
@@ -103,14 +105,24 @@ VACUUM_SEARCH_COMMITS = 1000
 def last_vacuum(path: str) -> float | None:
     """When the table's last ``VACUUM`` ended (on the monotonic clock), as its log records it
     among its ``VACUUM_SEARCH_COMMITS`` latest commits; None if not there."""
+    return _last_commit(path, ("VACUUM END",), created=False)
+
+
+def _last_commit(path: str, operations: tuple[str, ...], *, created: bool) -> float | None:
+    """When the table's newest commit of one of ``operations`` was made (on the monotonic
+    clock), among its ``VACUUM_SEARCH_COMMITS`` latest; with ``created``, else when the table
+    was created if its log is that short. None if neither is found."""
     table = DeltaTarget(path).table()
     if table is None:
         return None
-    for commit in table.history(VACUUM_SEARCH_COMMITS):
-        if commit.get("operation") == "VACUUM END":
-            ended = float(commit.get("timestamp", 0)) / 1000.0
-            return time.monotonic() - max(0.0, time.time() - ended)
-    return None
+    commits = table.history(VACUUM_SEARCH_COMMITS)
+    found = next((c for c in commits if c.get("operation") in operations), None)
+    if found is None and created and commits and commits[-1].get("version") == 0:
+        found = commits[-1]
+    if found is None:
+        return None
+    at = float(found.get("timestamp", 0)) / 1000.0
+    return time.monotonic() - max(0.0, time.time() - at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +225,19 @@ class Maintenance:
         )
         return True
 
+    @staticmethod
+    def _remember(done: dict[str, float], path: str, operations: tuple[str, ...]) -> None:
+        """What a process that has not yet done a step for the table starts from: the step's
+        last commit in the table's log, else the table's creation (a new table has nothing to
+        vacuum or purge: scheduled runs and short ones do not each start with a step)."""
+        with _lock:
+            if path in done:
+                return
+        last = _last_commit(path, operations, created=True)
+        if last is not None:
+            with _lock:
+                done.setdefault(path, last)
+
     def _due(self, done: dict[str, float], path: str, now: float | None) -> float | None:
         now = time.monotonic() if now is None else now
         with _lock:
@@ -227,6 +252,7 @@ class Maintenance:
         whether it purged."""
         if self.purge_deleted_share >= 1.0:
             return False
+        self._remember(_purge_checked, path, ("REORG",))
         checked = self._due(_purge_checked, path, now)
         if checked is None:
             return False
@@ -258,13 +284,7 @@ class Maintenance:
 
         if not self.vacuum:
             return False
-        with _lock:
-            known = path in _vacuumed
-        if not known:
-            last = last_vacuum(path)
-            if last is not None:
-                with _lock:
-                    _vacuumed.setdefault(path, last)
+        self._remember(_vacuumed, path, ("VACUUM END",))
         due = self._due(_vacuumed, path, now)
         if due is None:
             return False

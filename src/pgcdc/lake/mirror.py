@@ -119,11 +119,19 @@ def mirror_rows(
     from pyspark.sql import functions as F
 
     events = _events_after_truncate(resolved, overview)
+    if inserted_only(overview):  # each key once: nothing to reduce, no shuffle
+        return events.select(*_mirror_columns(F.col, table, columns, overview))
     last = events.groupBy(EV_KEY).agg(
         F.max_by(F.struct(*[F.col(c) for c in events.columns if c != EV_KEY]), EV_SEQ).alias("r")
     )
     r = F.col("r")
     return last.select(*_mirror_columns(r.getField, table, columns, overview))
+
+
+def inserted_only(overview: TableOverview) -> bool:
+    """Whether the batch only inserted rows of the table: their keys are new (the source's key
+    is unique, and the mirror held the source's rows before the batch), each once."""
+    return not (overview.updates or overview.deletes or overview.truncates)
 
 
 def key_condition(keys: Sequence[str]) -> Any:
@@ -198,6 +206,7 @@ def merge_mirror(
     *,
     truncated: bool,
     inserts_only: bool = False,
+    newest: datetime | None = None,
     app_id: str,
     version: int,
     metadata: dict[str, Any],
@@ -206,10 +215,9 @@ def merge_mirror(
     """Apply a batch's ``mirror_rows`` (a Spark DataFrame) to the mirror in one commit, with
     Delta's MERGE on the executors; the newest commit time among the rows.
 
-    ``inserts_only``: the batch holds only INSERTs of the table (no UPDATE, DELETE or
-    TRUNCATE), whose keys the mirror cannot hold (the source's key is unique, and the mirror
-    held the source's rows before the batch): the rows are appended, without reading the
-    table."""
+    ``inserts_only``: the batch holds only INSERTs of the table (``inserted_only``): the rows
+    are appended in one job, without reading the table, and ``newest`` (the batch overview's)
+    is returned."""
     keys = table.row_keys
     evolve(
         spark,
@@ -222,8 +230,6 @@ def merge_mirror(
     )
     if inserts_only:
         rows = rows.select(*[quote_column(c) for c in (*columns, COMMIT_LSN, COMMIT_TIME)])
-        rows = rows.localCheckpoint(eager=True)  # the summary and the append read it
-        _, newest = summarize(rows, keys)
         append_rows(spark, path, rows, app_id=app_id, version=version, metadata=metadata)
         return newest
     stored = spark.read.format("delta").load(path)
