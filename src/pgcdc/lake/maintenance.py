@@ -413,7 +413,7 @@ class MaintenanceWorker:
         with self._changed:
             self._stopped = True
             self._pending.clear()
-            spark = self._spark
+            spark = self._spark if self._busy else None  # Spark warns of a group with no job
             self._changed.notify_all()
         if spark is not None:
             with contextlib.suppress(Exception):  # a stopped context has nothing to cancel
