@@ -103,6 +103,7 @@ from pgcdc.filters import RowFilter, RowFilterError
 from pgcdc.lake.maintenance import Maintenance
 from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.replication import check_publication_name, scrub_secrets
+from pgcdc.sizes import parse_size
 
 __all__ = [
     "ConfigError",
@@ -115,42 +116,12 @@ __all__ = [
     "TableSettings",
     "load_config",
     "parse_config",
-    "parse_size",
     "split_table_name",
 ]
 
 _SLOT = re.compile(r"[a-z0-9_]{1,63}")
-_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 1 << 10,
-    "kib": 1 << 10,
-    "k": 1 << 10,
-    "mb": 1 << 20,
-    "mib": 1 << 20,
-    "m": 1 << 20,
-    "gb": 1 << 30,
-    "gib": 1 << 30,
-    "g": 1 << 30,
-    "tb": 1 << 40,
-    "tib": 1 << 40,
-    "t": 1 << 40,
-}
 #: ``[source] retained_wal_warning`` by default: 1 GiB
 DEFAULT_RETAINED_WAL_WARNING = 1 << 30
-
-
-def parse_size(text: str) -> int:
-    """``"5GB"`` -> bytes (1024-based, as PostgreSQL reads sizes); ValueError names the forms."""
-    match = _SIZE.fullmatch(text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _SIZE_UNITS:
-        raise ValueError(
-            f"{text!r} is not a size: write bytes (1073741824) or a number and a unit, such as "
-            "'512MB' or '5GB' (B, kB, MB, GB, TB, KiB, MiB, GiB, TiB; 1024-based)"
-        )
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
 
 
 def _size(value: object) -> object:

@@ -53,11 +53,11 @@ OR-combined with the publications' filters; ``partitionsPerTable`` or ``targetPa
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pgcdc import sizes
 from pgcdc.lsn import Lsn
 from pgcdc.spark.errors import OptionError
 from pgcdc.spark.schema import TypeChoices
@@ -72,8 +72,6 @@ __all__ = [
     "type_choices",
 ]
 
-_SIZE = re.compile(r"\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
@@ -89,13 +87,17 @@ def type_choices(options: Mapping[str, str]) -> TypeChoices:
 
 
 def parse_size(name: str, text: str) -> int:
-    """``"64m"`` -> 67108864 (k, m, g, t are powers of 1024)."""
-    match = _SIZE.fullmatch(text)
-    if match is None or int(match.group(1)) <= 0:
+    """The option ``name``'s size (``pgcdc.sizes``: ``"64m"`` -> 67108864), positive."""
+    try:
+        value = sizes.parse_size(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
         raise OptionError(
-            f"option {name}={text!r} is not a size", f"write a positive number of bytes: {name}=64m"
+            f"option {name}={text!r} is not a size",
+            f"write a positive number of bytes, or a number and a unit: {name}=64MB",
         )
-    return int(match.group(1)) * _UNITS[match.group(2).lower()]
+    return value
 
 
 def _int(name: str, text: str) -> int:

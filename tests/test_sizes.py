@@ -1,0 +1,43 @@
+"""One rule for sizes (``pgcdc.sizes``): ``pipeline.toml`` and the Spark source's options read
+the same forms to the same bytes."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import TypeAdapter
+
+from pgcdc.lake.config import Size
+from pgcdc.sizes import parse_size
+from pgcdc.spark.errors import OptionError
+from pgcdc.spark.options import parse_size as option_size
+
+FORMS = {
+    "1073741824": 1 << 30,
+    "64m": 64 << 20,
+    "64MB": 64 << 20,
+    "64 MiB": 64 << 20,
+    "1.5GB": 3 << 29,
+    "2kb": 2048,
+    "1t": 1 << 40,
+    "512B": 512,
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), FORMS.items())
+def test_the_config_and_the_spark_options_read_a_size_alike(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+    assert TypeAdapter(Size).validate_python(text) == expected
+    assert option_size("maxBytesPerTrigger", text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "5 parsecs", "-1MB", "", "1e6"])
+def test_what_is_not_a_size_is_refused_by_both_with_the_forms(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a size: write bytes"):
+        parse_size(text)
+    with pytest.raises(OptionError, match="maxBytesPerTrigger=.* is not a size"):
+        option_size("maxBytesPerTrigger", text)
+
+
+def test_a_spark_option_size_is_positive() -> None:
+    with pytest.raises(OptionError, match="positive"):
+        option_size("maxBytesPerTrigger", "0")
