@@ -18,88 +18,47 @@ from tools.bench.harness import RESULTS_DIR
 
 BENCHMARKS = ("decode", "catchup", "snapshot", "memory", "latency", "scale")
 
-#: What limits each figure, from profiling (py-spy on the driver and the Python workers, the
-#: pipeline's INFO log); the JSON may carry its own ``limits`` text instead.
+#: What limits each figure, from profiling (Spark's event log, the pipeline's DEBUG log with
+#: each batch's steps, py-spy); the JSON may carry its own ``limits`` text instead.
 LIMITS = {
     "decode": (
         "the per-message Python framing before the vectorised conversion (pgcdc); a Python "
         "object per message and per value (pypgoutput)"
     ),
     "catchup": (
-        "CPU, on 2 cores: a run takes 54-58 s of CPU in 31-34 s. Per process (four runs over "
-        "one workload): Spark's JVM 30-34 s (its start-up 5.5 s, the C2 JIT about 10 s, then "
-        "each batch's Spark work: the Python source's Arrow batches into rows, the cached "
-        "batch, the overview and event jobs, Arrow back to the driver), the driver's Python "
-        "8.4-9.3 s (mostly the delta-rs MERGEs; the updates' and deletes' copy-on-write "
-        "rewrite of the 1M-row mirror takes 1.6 s each where the native subscriber updates "
-        "rows in place), the walsender 5.2-5.5 s, the source's receiver 4.9-5.1 s, Spark's "
-        "Python workers decoding 4.5-5.0 s. The first batch (9-10 s, the others 2-3.5 s) runs "
-        "while the receiver takes in the whole backlog and the walsender decodes it on the same "
-        "cores. Fixed cost per run 5.5-6.1 s: the driver JVM maps Spark's classes from a class "
-        "data sharing archive the first run writes (8.7 s before). Tried without gain (within "
-        "noise): no persist, an uncompressed cache, ParallelGC, SerialGC, a 512 MB heap, fewer "
-        "JIT compilations (CompileThresholdScaling=4), events without the explode that splits "
-        "key changes (0.05 s a batch); C1 only starts 2 s faster but runs every batch slower. "
-        "The goal, 1.2x of the native subscriber's 7.5-7.7 s, is about 9 s: 18 s of CPU on "
-        "these 2 cores, less than Spark's JVM alone takes, so it is out of reach for batches "
-        "that run through Spark on this machine: a run with nothing to do (5.3-5.9 s) and the "
-        "two MERGEs that rewrite the whole mirror (1.6 s each) take 8.5 s or more before the "
-        "walsender has sent anything"
+        "Delta's Spark connector's fixed costs on 2 cores, shared with the walsender and the "
+        "receiver: each Delta operation (the schema check, planning, about eight Spark jobs, "
+        "the log's state after the commit) costs 2-5 s whatever its size, so a batch of "
+        "250,000 inserts (one append job) takes 3-4 s and one of updates or deletes scattered "
+        "over the mirror (a MERGE that reads every file it touches, whole) 9-12 s. The first "
+        "batch (about 16 s) pays the JIT and Spark's Python workers' start while the whole "
+        "backlog arrives. Start-up 8 s (a run with nothing to do). The native subscriber "
+        "updates rows in place"
+    ),
+    "catchup-x10": (
+        "the same per batch: ten times the changes in ten times the batches, so start-up "
+        "counts less and the ratio is that of the batches themselves"
     ),
     "snapshot": (
-        "CPU: on 2 cores, the two binary COPY server processes take about 1.2-1.5 us a row, "
-        "and each copy task's Python about 1.85 us: psycopg2's C copy loop handing each row to "
-        "a Python callback about 0.5 us, vectorised decoding 0.8 us, Parquet 0.35 us. Plus a "
-        "fixed 1.8 s in the snapshot phase (Spark starting its executors' Python worker daemon "
-        "for the copy's first job). Since the previous run (24.6 s, 0.50x): the copy's tasks "
-        "are an RDD's partitions (they were a Python data source's read, for which Spark starts "
-        "a Python process per planning step: 8-9.5 s fixed), rows reach Python through "
-        "psycopg2's C copy loop (psycopg 3's generator-based loop took about 1.2 us a row), "
-        "Parquet dictionaries only for columns whose first rows repeat values (0.25 us a row "
-        "less, smaller files), and Spark's Python processes import compiled modules. COPY to "
-        "/dev/null only formats text in one server process; it took 11.6 to 20.7 s over the "
-        "four runs of this code (pgcdc 0.67x to 1.02x beside it)"
+        "the copy runs at COPY's speed (two binary COPY server processes, then per row in "
+        "each task's Python: psycopg2's C copy loop, vectorised decoding, Parquet); the fixed "
+        "cost is Delta's on a cold JVM: creating each Delta table (2.6 s) and committing its "
+        "files through the connector's commit API (about 4 s: the log's state before and after "
+        "the commit are Spark jobs), plus Spark's Python workers starting for the copy's job"
     ),
     "memory": (
-        "Spark itself, not the transaction: at the issue's full sizes (0.27 to 2.15 GB of WAL "
-        "in one transaction) the peak is flat at 2.7-3.0 GiB, the same with streaming on or "
-        "off (the receiver spools to disk either way; a micro-batch holds the transaction, "
-        "staged by the executors in chunks of [lake] bytes_per_commit, 128 MB of values with "
-        "this heap). A run with nothing to do takes 0.82 GB (the JVM 0.35, the driver 0.16, "
-        "the streaming source's runner 0.11, Spark's Python daemons and their forks). Under "
-        "load the JVM grows its heap to its 1 GB limit whatever the live data (1.36-1.49 GB "
-        "in all; about 1.6 GB before the batch was cached serialized with 4 MB G1 regions), "
-        "Spark's Python processes take about 1.05 GB summed over some 15 (1.0-1.1 GB: their "
-        "workers no longer importing psycopg took 20-60 MB off the sum; a daemon per worker "
-        "kind: data source lookup, creation, planning, writing, committing, the executors' "
-        "workers; each keeps a forked worker for a minute; PSS is 0.4 GB less), the driver "
-        "0.44 GB. spark.python.worker.reuse = false saves about 0.5 GB at the peak (planning "
-        "workers exit after use) but costs each batch about 0.4 s (catch-up 5% slower: every "
-        "task imports PyArrow and pgcdc again), so it is not the default. Measured with the "
-        "batch cached serialized in column batches of 1,000 rows and 4 MB G1 regions"
-    ),
-    "memory-driver-512m": (
-        "the same with spark.driver.memory = 512m: the JVM peaks at 0.9-1.2 GB instead of "
-        "1.4-1.5 GB, the whole at 2.2-2.5 GiB. bytes_per_commit follows the heap (37 MiB of "
-        "values). Every size passes, 2.15 GB of WAL in 96-100 s. The run before (cached "
-        "deserialized, 1 MB G1 regions, spill readers reading ahead) passed up to 1.08 GB and "
-        "ran this heap out at 2.15 GB in one of two runs: some 80 spill readers of the "
-        "per-key sort held three 1 MiB buffers each outside Spark's memory accounting; the "
-        "runs before cached batches of 1,000 rows failed from 0.54 GB. Under 1 GB is out of "
+        "Spark itself, not the transaction: the receiver spools to disk and a batch passes "
+        "through the executors' memory and disk, so the peak is flat over the sizes; the JVM "
+        "grows its heap to its limit under load whatever its live data, and Spark's Python "
+        "processes (a daemon per worker kind, each keeping a forked worker for a minute) add "
+        "about 1 GB summed. A run with nothing to do takes about 0.8 GB. Under 1 GB is out of "
         "reach for a pipeline with a Spark JVM and Spark's Python workers"
     ),
     "latency": (
-        "about 0.5-0.7 s per micro-batch whatever its size: the overview job that also reads "
-        "and persists the batch (about 40% of the driver's batch time), the mirror's events "
-        "collected as Arrow (15%), the delta-rs MERGE (20%), the streaming engine's offset "
-        "and commit logs between batches; latency = waiting for the batch in progress + one "
-        "batch. Before this run (p50 1.8 s, p99 3.4 to 3.7 s over three runs), every batch "
-        "rebuilt its Spark expressions over py4j (their cache was keyed by the Python session "
-        "object foreachBatch creates anew for every batch: two thirds of the driver's batch "
-        "time) and loaded each Delta table three to four times (a fifth of the rest). Before "
-        "MERGEs pruned the mirror's files by the batch's key range, each MERGE read the whole "
-        "growing mirror and p99 was 13.2 s. The mirror is compacted every 100 batches (0.5 to "
-        "0.7 s each, [lake] compact_files), which this run includes"
+        "each batch is one append (inserts of new ids): an overview job, the append's write "
+        "and commit, the streaming engine's offset and commit logs; latency is the wait for "
+        "the batch in progress plus one batch. Compaction, purges and vacuums run beside the "
+        "batches, not in them"
     ),
 }
 
@@ -107,14 +66,12 @@ LIMITS = {
 LIMITS["scale"] = (
     "throughput, on 2 cores shared with the source, its walsender and the native subscriber: "
     "the continuous run only just keeps up with 2,000 changes/s, each batch taking about as "
-    "long as its changes took to arrive (1M rows: 11 s for 22k changes; 10M rows: 23 s for "
-    "45k), so the latency is a batch's wait plus its duration and batches grow to fill it. "
-    "Where a batch's time goes is not profiled yet; each Delta operation of the Spark "
-    "connector has a fixed 2-4 s on this machine, and the MERGE reads the key column of the "
-    "whole table for keys scattered over it. What the connector fixed: the bytes written per "
-    "change (69 B at both sizes) and the disk growth (0.47 GiB/h, 0.7x the changed bytes; the "
-    "delta-rs copy-on-write path left 29 MB/s of replaced files at 10M rows). Latency with "
-    "the delta-rs path, in the issue: 1M p50 5.6-7.2 s / p99 13-18 s, 10M 35-60 s / 50-92 s"
+    "long as its changes took to arrive, so the latency is a batch's wait plus its duration "
+    "and batches grow to fill it. A batch is a MERGE with deletion vectors: it finds the "
+    "stored rows of its keys by their files' statistics, then reads those files again, whole, "
+    "to write the changed rows and mark the replaced ones; keys scattered over the table touch "
+    "most files, so the reads follow the table while the writes follow the changes (about "
+    "70 bytes a change at both sizes; the lake grows about 0.7x the changed bytes)"
 )
 
 

@@ -12,6 +12,7 @@ message), pointing at the same token.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import replace
@@ -181,11 +182,12 @@ class Binder:
         return self.coerce_to_boolean(node, "PUBLICATION WHERE")
 
     # -- dispatch -----------------------------------------------------------------------------
+    @functools.singledispatchmethod
     def expr(self, node: ast.Expr) -> Bound:
-        method = getattr(self, "_" + type(node).__name__)
-        result: Bound = method(node)
-        return result
+        """Bind one node: the handler registered for its type (below)."""
+        raise TypeError(f"no binding for a {type(node).__name__} node")  # a parser bug
 
+    @expr.register
     def _ColumnRef(self, node: ast.ColumnRef) -> Bound:
         names = node.names
         rel = self.relation
@@ -216,6 +218,7 @@ class Binder:
             f'column "{name}" does not exist', sqlstate="42703", position=_pos(node.pos)
         )
 
+    @expr.register
     def _NumberLiteral(self, node: ast.NumberLiteral) -> Bound:
         text = node.text
         if _INTEGER_RE.match(text):
@@ -226,20 +229,25 @@ class Binder:
                 return Const(value, pg_builtins.INT8, -1, node.pos)
         return Const(numeric.parse(text), pg_builtins.NUMERIC, -1, node.pos)
 
+    @expr.register
     def _StringLiteral(self, node: ast.StringLiteral) -> Bound:
         return Const(node.value, UNKNOWN, -1, node.pos)
 
+    @expr.register
     def _NullLiteral(self, node: ast.NullLiteral) -> Bound:
         return Const(None, UNKNOWN, -1, node.pos)
 
+    @expr.register
     def _BoolLiteral(self, node: ast.BoolLiteral) -> Bound:
         return Const(node.value, BOOL, -1, node.pos)
 
+    @expr.register
     def _TypedLiteral(self, node: ast.TypedLiteral) -> Bound:
         target, typmod = self.resolve_type(node.type)
         const = Const(node.value, UNKNOWN, -1, node.pos)
         return self.coerce(const, target, typmod, CoercionContext.EXPLICIT, node.pos)
 
+    @expr.register
     def _TypeCast(self, node: ast.TypeCast) -> Bound:
         arg = self.expr(node.arg)
         location = leftmost(node.pos, arg.location)
@@ -248,6 +256,7 @@ class Binder:
             return self.coerce(arg, target, typmod, CoercionContext.EXPLICIT, location)
         return self.coerce(arg, target, typmod, CoercionContext.EXPLICIT, location, explicit=True)
 
+    @expr.register
     def _Collate(self, node: ast.Collate) -> Bound:
         arg = self.expr(node.arg)
         entry = pg_builtins.type_entry(arg.type)
@@ -267,11 +276,13 @@ class Binder:
             )
         return CollateExpr(arg, name, schema, arg.type, arg.typmod, arg.location, node.pos)
 
+    @expr.register
     def _OpExpr(self, node: ast.OpExpr) -> Bound:
         right = self.expr(node.right)
         left = None if node.left is None else self.expr(node.left)
         return self.make_op(node.op, left, right, node.pos, node.schema)
 
+    @expr.register
     def _BoolOp(self, node: ast.BoolOp) -> Bound:
         name = node.kind.upper()
         args: list[Bound] = []
@@ -288,20 +299,24 @@ class Binder:
                 out.append(arg)
         return out
 
+    @expr.register
     def _Not(self, node: ast.Not) -> Bound:
         arg = self.coerce_to_boolean(self.expr(node.arg), "NOT")
         return BoolExpr("not", (arg,), leftmost(node.pos, arg.location))
 
+    @expr.register
     def _NullTest(self, node: ast.NullTest) -> Bound:
         arg = self.expr(node.arg)
         return NullTest(arg, node.negated, leftmost(node.pos, arg.location))
 
+    @expr.register
     def _BooleanTest(self, node: ast.BooleanTest) -> Bound:
         what = f"IS {'NOT ' if node.negated else ''}{node.value.upper()}"
         arg = self.coerce_to_boolean(self.expr(node.arg), what)
         kind = f"is_{'not_' if node.negated else ''}{node.value}"
         return BooleanTest(arg, kind, leftmost(node.pos, arg.location))
 
+    @expr.register
     def _Distinct(self, node: ast.Distinct) -> Bound:
         for null_side, other in ((node.right, node.left), (node.left, node.right)):
             if isinstance(null_side, ast.NullLiteral):
@@ -322,6 +337,7 @@ class Binder:
             return BoolExpr("not", (distinct,), leftmost(node.pos, distinct.location))
         return distinct
 
+    @expr.register
     def _Between(self, node: ast.Between) -> Bound:
         a, b, c, pos = node.arg, node.low, node.high, node.pos
 
@@ -343,6 +359,7 @@ class Binder:
             rewritten = ast.BoolOp("and", (sub1, sub2), pos)
         return self.expr(rewritten)
 
+    @expr.register
     def _InList(self, node: ast.InList) -> Bound:
         use_or = not node.negated
         opname = "<>" if node.negated else "="
@@ -378,6 +395,7 @@ class Binder:
         assert result is not None
         return result
 
+    @expr.register
     def _QuantifiedOp(self, node: ast.QuantifiedOp) -> Bound:
         if node.schema not in (None, "pg_catalog"):
             raise _walker_error("User-defined operators are not allowed.", node.pos)
@@ -414,6 +432,7 @@ class Binder:
         coerced = tuple(self.coerce_to_common(e, common, "ARRAY") for e in elements)
         return ArrayExpr(coerced, common, node.pos, entry.array)
 
+    @expr.register
     def _ArrayLiteral(self, node: ast.ArrayLiteral) -> Bound:
         raise UnsupportedFilterError(
             "array values are not supported in client-side row filters (only as "
@@ -422,6 +441,7 @@ class Binder:
             position=_pos(node.pos),
         )
 
+    @expr.register
     def _Like(self, node: ast.Like) -> Bound:
         opname = ("!" if node.negated else "") + ("~~*" if node.case_insensitive else "~~")
         pattern = node.pattern
@@ -431,6 +451,7 @@ class Binder:
             )
         return self.expr(ast.OpExpr(opname, node.arg, pattern, node.pos))
 
+    @expr.register
     def _Case(self, node: ast.Case) -> Bound:
         arg: Bound | None = None
         placeholder: CaseTestExpr | None = None
@@ -458,12 +479,14 @@ class Binder:
         typmod = _common_typmod([default] + [r for _, r in whens])
         return CaseExpr(arg, tuple(whens), default, ptype, typmod, node.pos)
 
+    @expr.register
     def _Coalesce(self, node: ast.Coalesce) -> Bound:
         args = [self.expr(a) for a in node.args]
         ptype = select_common_type([a.type for a in args], [a.location for a in args], "COALESCE")
         coerced = tuple(self.coerce_to_common(a, ptype, "COALESCE") for a in args)
         return CoalesceExpr(coerced, ptype, _common_typmod(coerced), node.pos)
 
+    @expr.register
     def _MinMax(self, node: ast.MinMax) -> Bound:
         what = node.kind.upper()
         args = [self.expr(a) for a in node.args]
@@ -475,6 +498,7 @@ class Binder:
                        "i", True, -1)  # fmt: skip
         return MinMaxExpr(node.kind, coerced, compare, ptype, _common_typmod(coerced), node.pos)
 
+    @expr.register
     def _NullIf(self, node: ast.NullIf) -> Bound:
         left = self.expr(node.left)
         right = self.expr(node.right)
@@ -489,9 +513,11 @@ class Binder:
         first = eq.args[0]
         return NullIfExpr(eq, first.type, first.typmod, leftmost(node.pos, eq.location))
 
+    @expr.register
     def _SpecialValue(self, node: ast.SpecialValue) -> Bound:
         return SQLValueFunction(node.name, _SQL_VALUE_TYPES.get(node.name, TEXT), node.pos)
 
+    @expr.register
     def _Subquery(self, node: ast.Subquery) -> Bound:
         location = node.pos
         if node.arg is not None:
@@ -501,6 +527,7 @@ class Binder:
         # by the row filter rules anyway)
         return SubLink(location, UNKNOWN if node.kind == "expr" else BOOL)
 
+    @expr.register
     def _FuncCall(self, node: ast.FuncCall) -> Bound:
         name = node.names[-1]
         schema = node.names[0] if len(node.names) > 1 else None
