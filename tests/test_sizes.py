@@ -34,7 +34,7 @@ def test_the_config_and_the_spark_options_read_a_size_alike(text: str, expected:
 def test_what_is_not_a_size_is_refused_by_both_with_the_forms(text: str) -> None:
     with pytest.raises(ValueError, match="is not a size: write bytes"):
         parse_size(text)
-    with pytest.raises(OptionError, match="maxBytesPerTrigger=.* is not a size"):
+    with pytest.raises(OptionError, match=r"maxBytesPerTrigger=.* is not a size"):
         option_size("maxBytesPerTrigger", text)
 
 

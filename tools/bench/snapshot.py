@@ -13,7 +13,8 @@ same table:
   session); the process's whole wall time and the same first start on an empty table (the
   fixed cost) are recorded too.
 
-Goal: pgcdc's rows/s at least 0.7x of COPY's. Written to ``bench-results/snapshot.json``.
+Goal: pgcdc's rows/s at least 0.9x of COPY's (issue 25: keep the copy as fast as it was).
+Written to ``bench-results/snapshot.json``.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from tools.bench.harness import (
 from tools.bench.workload import create_table, insert_rows
 
 NAME = "snapshot"
-GOAL_RATIO = 0.7
+GOAL_RATIO = 0.9
 TABLE = "bench_items"
 EMPTY = "bench_empty"
 FULL_ROWS = 10_000_000

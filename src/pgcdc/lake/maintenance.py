@@ -42,7 +42,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,11 +143,15 @@ class Maintenance:
         spark: Any,
         tables: Iterable[tuple[str, str]],
         gate: BatchGate | None = None,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         """Compact, purge and vacuum, when due, each ``(name, path)`` a batch wrote; a vacuum
-        under ``EXCLUSIVE_VACUUM_HOURS`` of retention holds ``gate`` exclusively."""
+        under ``EXCLUSIVE_VACUUM_HOURS`` of retention holds ``gate`` exclusively. No further
+        step starts once ``stopping()``."""
         for name, path in tables:
             for step in (self.compact, self.purge_if_due, self.vacuum_if_due):
+                if stopping():
+                    return
                 exclusive = (
                     gate is not None
                     and step == self.vacuum_if_due
@@ -439,7 +443,9 @@ class MaintenanceWorker:
                     session = spark.newSession()
                 # pinned threads: the group is this thread's, so stop cancels only maintenance
                 session.sparkContext.setJobGroup(JOB_GROUP, "pgcdc maintenance", False)
-                self.maintenance.after_batch(session, [(name, path)], self.gate)
+                self.maintenance.after_batch(
+                    session, [(name, path)], self.gate, stopping=lambda: self._stopped
+                )
             except Exception as exc:  # a stopped context: nothing to maintain any more
                 log.debug("maintenance of %s not run (%s)", name, type(exc).__name__)
             finally:
