@@ -5,7 +5,7 @@ table of rows (the oracle of the differential tests), the rows as pgoutput would
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,16 @@ from pgcdc.filters import (
     RowFilterError,
 )
 from pgcdc.protocol import Decoder, ReplicationMessage
-from pgcdc.protocol.messages import Column, Relation, TupleValue
+from pgcdc.protocol.messages import (
+    UNCHANGED_TOAST,
+    Column,
+    Delete,
+    Insert,
+    Relation,
+    Truncate,
+    TupleValue,
+    Update,
+)
 
 #: The differential tests' table: (column, SQL type, type OID).
 COLUMNS: tuple[tuple[str, str, int], ...] = (
@@ -237,3 +246,50 @@ def slot_messages(
     rows = conn.execute(query, (slot, options)).fetchall()
     decoder = Decoder(1)
     return [decoder.decode(bytes(data)) for (data,) in rows]
+
+
+# -- a subscriber ---------------------------------------------------------------------------
+
+Row = tuple[object, ...]
+
+
+class Subscriber:
+    """Tables kept from a change stream as a subscriber applies it: rows keyed by the replica
+    identity (the whole row without one), unchanged TOASTed values kept from the stored row."""
+
+    def __init__(self) -> None:
+        self.relations: dict[int, Relation] = {}
+        self.tables: dict[str, dict[Row, Row]] = {}
+
+    def _key(self, rel: Relation, row: Row) -> Row:
+        key = tuple(v for v, c in zip(row, rel.columns, strict=True) if c.is_key)
+        return key or row
+
+    def apply(self, messages: Iterable[ReplicationMessage]) -> None:
+        for m in messages:
+            if isinstance(m, Relation):
+                self.relations[m.relation_id] = m
+                self.tables.setdefault(m.name, {})
+            elif isinstance(m, Truncate):
+                for rid in m.relation_ids:
+                    self.tables[self.relations[rid].name].clear()
+            elif isinstance(m, Insert | Update | Delete):
+                rel = self.relations[m.relation_id]
+                rows = self.tables[rel.name]
+                if isinstance(m, Insert):
+                    rows[self._key(rel, m.new)] = m.new
+                elif isinstance(m, Update):
+                    old = rows.pop(self._key(rel, m.old if m.old is not None else m.new), None)
+                    new = tuple(
+                        stored if value is UNCHANGED_TOAST and old is not None else value
+                        for value, stored in zip(m.new, old or m.new, strict=True)
+                    )
+                    rows[self._key(rel, new)] = new
+                else:
+                    rows.pop(self._key(rel, m.old), None)
+
+    def rows(self, table: str) -> set[Row]:
+        return set(self.tables.get(table, {}).values())
+
+    def contents(self) -> dict[str, set[Row]]:
+        return {name: set(rows.values()) for name, rows in self.tables.items()}

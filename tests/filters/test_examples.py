@@ -6,54 +6,17 @@ the rows the chapter shows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
 from pgcdc.filters import FilterSet, RowFilter, StreamFilter, load_publications
-from pgcdc.protocol import Delete, Insert, Relation, ReplicationMessage, Truncate, Update
 from tests.filters import server
+from tests.filters.server import Subscriber
 from tests.fix_pg import PgDatabase
 
 Row = tuple[str | None, ...]
-
-
-class Subscriber:
-    """Tables kept in memory from a change stream, rows keyed by the replica identity."""
-
-    def __init__(self) -> None:
-        self.relations: dict[int, Relation] = {}
-        self.tables: dict[str, dict[Row, Row]] = {}
-
-    def _key(self, rel: Relation, row: tuple[object, ...]) -> Row:
-        return tuple(v for v, c in zip(row, rel.columns, strict=True) if c.is_key)  # type: ignore[misc]
-
-    def apply(self, messages: Iterable[ReplicationMessage]) -> None:
-        for m in messages:
-            if isinstance(m, Relation):
-                self.relations[m.relation_id] = m
-                self.tables.setdefault(m.name, {})
-                continue
-            if isinstance(m, Truncate):
-                for rid in m.relation_ids:
-                    self.tables[self.relations[rid].name].clear()
-                continue
-            if not isinstance(m, Insert | Update | Delete):
-                continue
-            rel = self.relations[m.relation_id]
-            rows = self.tables[rel.name]
-            if isinstance(m, Insert):
-                rows[self._key(rel, m.new)] = m.new  # type: ignore[assignment]
-            elif isinstance(m, Update):
-                old_key = self._key(rel, m.old if m.old is not None else m.new)
-                rows.pop(old_key, None)
-                rows[self._key(rel, m.new)] = m.new  # type: ignore[assignment]
-            else:
-                rows.pop(self._key(rel, m.old), None)
-
-    def rows(self, table: str) -> set[Row]:
-        return set(self.tables.get(table, {}).values())
 
 
 def _subscribers(

@@ -14,22 +14,14 @@ client filters the twins' stream.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 
 from pgcdc.filters import StreamFilter, load_publications
-from pgcdc.protocol import (
-    UNCHANGED_TOAST,
-    Delete,
-    Insert,
-    Relation,
-    ReplicationMessage,
-    Truncate,
-    Update,
-)
 from tests.filters import server
+from tests.filters.server import Subscriber
 from tests.fix_pg import PgDatabase
 
 TABLES = """
@@ -122,47 +114,6 @@ UPDATE tab_rowfilter_partitioned_2 SET a = 5 WHERE a = 20;
 TRUNCATE tab_rowfilter_2;
 INSERT INTO tab_rowfilter_2 (c) VALUES (42), (43), (44), (45);
 """
-
-Row = tuple[object, ...]
-
-
-class Subscriber:
-    """Tables kept from a change stream as a subscriber applies it: rows keyed by the replica
-    identity (the whole row without one), unchanged TOASTed values kept from the stored row."""
-
-    def __init__(self) -> None:
-        self.relations: dict[int, Relation] = {}
-        self.tables: dict[str, dict[Row, Row]] = {}
-
-    def _key(self, rel: Relation, row: Row) -> Row:
-        key = tuple(v for v, c in zip(row, rel.columns, strict=True) if c.is_key)
-        return key or row
-
-    def apply(self, messages: Iterable[ReplicationMessage]) -> None:
-        for m in messages:
-            if isinstance(m, Relation):
-                self.relations[m.relation_id] = m
-                self.tables.setdefault(m.name, {})
-            elif isinstance(m, Truncate):
-                for rid in m.relation_ids:
-                    self.tables[self.relations[rid].name].clear()
-            elif isinstance(m, Insert | Update | Delete):
-                rel = self.relations[m.relation_id]
-                rows = self.tables[rel.name]
-                if isinstance(m, Insert):
-                    rows[self._key(rel, m.new)] = m.new
-                elif isinstance(m, Update):
-                    old = rows.pop(self._key(rel, m.old if m.old is not None else m.new), None)
-                    new = tuple(
-                        stored if value is UNCHANGED_TOAST and old is not None else value
-                        for value, stored in zip(m.new, old or m.new, strict=True)
-                    )
-                    rows[self._key(rel, new)] = new
-                else:
-                    rows.pop(self._key(rel, m.old), None)
-
-    def contents(self) -> dict[str, set[Row]]:
-        return {name: set(rows.values()) for name, rows in self.tables.items()}
 
 
 def _create(conn: psycopg.Connection[Any]) -> None:

@@ -274,9 +274,12 @@ def test_exclusive_maintenance_waits_for_batches_in_flight_and_holds_off_new_one
             batch_out.wait(10)
             order.append("batch ends")
 
+    vacuum_in = threading.Event()
+
     def exclusive() -> None:
         with gate.exclusive():
             order.append("vacuum")
+            vacuum_in.set()
             time.sleep(0.2)
             order.append("vacuum ends")
 
@@ -294,9 +297,10 @@ def test_exclusive_maintenance_waits_for_batches_in_flight_and_holds_off_new_one
     # a batch that starts during an exclusive step waits for its end
     order.clear()
     batch_in.clear()
+    vacuum_in.clear()
     vacuum = threading.Thread(target=exclusive)
     vacuum.start()
-    time.sleep(0.05)
+    assert vacuum_in.wait(10)  # the vacuum holds the gate before the batch tries it
     second = threading.Thread(target=batch)
     second.start()
     second.join(10)

@@ -191,14 +191,15 @@ def batch_overview(df: Any, table_columns: dict[str, str]) -> BatchOverview:
             max_lsn=row["hi"],
             unchanged_columns=frozenset(row["c"] or ()),
             old_with_unchanged=int(row["ou"]),
-            max_commit_time=_utc(row["ct"]),
+            max_commit_time=utc_moment(row["ct"]),
         )
     return BatchOverview(tables)
 
 
-def _utc(moment: datetime | None) -> datetime | None:
-    """Spark's timestamps come back naive, in UTC (pgcdc's sessions run in UTC)."""
-    if moment is not None and moment.tzinfo is None:
+def utc_moment(moment: Any) -> Any:
+    """A timestamp Spark collected, as an aware UTC datetime: Spark's come back naive, in UTC
+    (pgcdc's sessions run in UTC); anything else is returned as it is."""
+    if isinstance(moment, datetime) and moment.tzinfo is None:
         return moment.replace(tzinfo=UTC)
     return moment
 

@@ -153,12 +153,14 @@ class Maintenance:
                 if stopping():
                     return
                 exclusive = (
-                    gate is not None
-                    and step == self.vacuum_if_due
+                    step == self.vacuum_if_due
                     and self.vacuum_retention_hours < EXCLUSIVE_VACUUM_HOURS
                 )
+                guard = (
+                    gate.exclusive() if gate is not None and exclusive else contextlib.nullcontext()
+                )
                 try:
-                    with gate.exclusive() if exclusive and gate else contextlib.nullcontext():
+                    with guard:
                         step(spark, name, path)
                 except (KeyboardInterrupt, SystemExit):
                     raise

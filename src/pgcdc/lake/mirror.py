@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from pgcdc.lake.changes import (
@@ -41,6 +41,7 @@ from pgcdc.lake.changes import (
     TableOverview,
     keep_column,
     quote_column,
+    utc_moment,
     value_column,
 )
 from pgcdc.lake.delta import append_rows, tagged
@@ -178,9 +179,7 @@ def summarize(rows: Any, keys: Sequence[str]) -> tuple[Any | None, datetime | No
     if ranged:
         aggregates += [F.min(column), F.max(column)]
     summary = rows.agg(*aggregates).first()
-    newest = summary[0]
-    if isinstance(newest, datetime) and newest.tzinfo is None:
-        newest = newest.replace(tzinfo=UTC)
+    newest = utc_moment(summary[0])
     if not ranged or summary[1] is None or summary[2] is None:
         return None, newest
     target = F.col(f"{TGT}.{quote_column(first)}")

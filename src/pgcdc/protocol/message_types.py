@@ -19,7 +19,6 @@ from pgcdc.protocol.errors import ProtocolError
 __all__ = [
     "CHANGES",
     "DEFINITIONS",
-    "ENDS_STREAM_TRANSACTION",
     "OUTSIDE_STREAM",
     "TWO_PHASE",
     "XID_IN_STREAM",
@@ -110,11 +109,6 @@ TWO_PHASE: frozenset[int] = frozenset(
         MessageType.STREAM_PREPARE,
     }
 )
-#: What ends a streamed transaction: Stream Commit and Stream Abort.
-ENDS_STREAM_TRANSACTION: frozenset[int] = frozenset(
-    {MessageType.STREAM_COMMIT, MessageType.STREAM_ABORT}
-)
-
 _U32 = struct.Struct("!I")
 
 
