@@ -23,7 +23,14 @@ from pgcdc.protocol.columnar import ColumnarDecoder
 from pgcdc.protocol.encoder import Encoder
 from pgcdc.protocol.errors import CopyFormatError
 from pgcdc.protocol.messages import Column, Relation
-from pgcdc.spark import OptionError, SchemaChanged, SparkSourceError, is_schema_changed
+from pgcdc.spark import (
+    CopyAgain,
+    OptionError,
+    SchemaChanged,
+    SparkSourceError,
+    is_schema_changed,
+    raised_as,
+)
 from pgcdc.spark.catalog import CatalogColumn, CatalogTable, SourceCatalog
 from pgcdc.spark.conform import conform
 from pgcdc.spark.index import TransactionIndex, TxnEntry
@@ -354,6 +361,22 @@ def test_schema_changed_is_recognised_through_wrapping():
 
     again = pickle.loads(pickle.dumps(error))
     assert str(again) == str(error) and again.table == "public.t"
+
+
+def test_tagged_errors_are_recovered_by_class_through_wrapping():
+    """What crosses the JVM is text: the class comes back from the message's tag, whatever the
+    wording around it; untagged errors and unknown tags recover nothing."""
+    copy_again = CopyAgain("public.t changed its columns during the initial copy", "copy again")
+    assert str(copy_again).startswith("[pgcdc:CopyAgain] ")
+    wrapped = RuntimeError(f"org.apache.spark.SparkException: ... PythonException: {copy_again}")
+    outer = RuntimeError("the initial copy failed")  # as pgcdc run wraps it
+    outer.__cause__ = wrapped
+    assert raised_as(outer) is CopyAgain and not is_schema_changed(outer)
+    assert raised_as(SchemaChanged("public.t", "x")) is SchemaChanged
+    assert raised_as(OptionError("bad option")) is None  # not a decision: untagged
+    assert raised_as(RuntimeError("[pgcdc:OptionError] bad")) is None
+    assert raised_as(RuntimeError("[pgcdc:Nothing] x")) is None
+    assert raised_as(None) is None
 
 
 def test_rows_written_before_a_column_was_added_read_its_missing_value():

@@ -497,15 +497,18 @@ class Pipeline:
     ) -> PipelineState:
         """The initial copy; copied again (a new snapshot, a new plan) when a table changed its
         columns while it ran, at most ``MAX_COPY_ATTEMPTS`` times."""
-        from pgcdc.spark.errors import COPY_AGAIN_MARKERS
+        from pgcdc.spark.errors import CopyAgain, raised_as
 
         attempt = 1
         while True:
             try:
                 return self._snapshot(plan, previous, slot_exists, result)
             except PipelineError as exc:
-                if attempt >= MAX_COPY_ATTEMPTS or not any(
-                    marker in str(exc) for marker in COPY_AGAIN_MARKERS
+                raised = raised_as(exc)
+                if (
+                    attempt >= MAX_COPY_ATTEMPTS
+                    or raised is None
+                    or not issubclass(raised, CopyAgain)
                 ):
                     raise
                 attempt += 1

@@ -30,17 +30,20 @@ Public API:
   partitions yourself);
 * ``table_column(schema, table)``, ``parse_table_column(name)``, ``table_changes(df, table)``,
   ``METADATA_COLUMNS``;
-* ``SchemaChanged``, ``is_schema_changed``, ``SparkSourceError``, ``OptionError``.
+* ``SchemaChanged``, ``CopyAgain``, ``is_schema_changed``, ``raised_as``, ``SparkSourceError``,
+  ``OptionError``.
 """
 
 from pgcdc.spark.errors import (
     SCHEMA_CHANGED_MARKER,
+    CopyAgain,
     EndpointError,
     OptionError,
     ReplayError,
     SchemaChanged,
     SparkSourceError,
     is_schema_changed,
+    raised_as,
 )
 from pgcdc.spark.schema import METADATA_COLUMNS, parse_table_column, table_column
 from pgcdc.spark.session import (
@@ -56,6 +59,7 @@ from pgcdc.spark.session import (
 __all__ = [
     "METADATA_COLUMNS",
     "SCHEMA_CHANGED_MARKER",
+    "CopyAgain",
     "EndpointError",
     "OptionError",
     "ReplayError",
@@ -63,6 +67,7 @@ __all__ = [
     "SparkSourceError",
     "is_schema_changed",
     "parse_table_column",
+    "raised_as",
     "read_snapshot",
     "read_stream",
     "register",

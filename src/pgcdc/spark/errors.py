@@ -1,43 +1,40 @@
 """The errors of the Spark source, each naming the problem and the fix.
 
-``SchemaChanged`` is the one a pipeline reacts to: the stream carried a table definition that the
-query's schema (computed from the catalog when the DataFrame was defined) does not have, and the
-current catalog confirms the change. Spark reports an error raised in an executor's ``read()``
-as a Java exception whose message holds the Python traceback text, so the message carries the
-stable marker ``SCHEMA_CHANGED_MARKER``; ``is_schema_changed`` finds it in any exception chain.
+Two of them are decisions for whoever runs the query: ``SchemaChanged`` (restart the query: a
+new DataFrame has the new schema) and ``CopyAgain`` (take a new snapshot: a table changed its
+columns while the initial copy ran). Raised in an executor's ``read()``, they reach the driver
+as a Java exception whose message holds the Python traceback, so their messages start with a
+tag naming their class, ``[pgcdc:<class>]``; ``raised_as`` recovers the class from any exception
+chain, and callers decide by class, never by the wording of a message.
 """
 
 from __future__ import annotations
 
+import re
+from typing import ClassVar
+
 from pgcdc.errors import PgcdcError
 
 __all__ = [
-    "COLUMNS_CHANGED_MARKER",
-    "COPY_AGAIN_MARKERS",
-    "REWRITTEN_MARKER",
     "SCHEMA_CHANGED_MARKER",
+    "CopyAgain",
     "EndpointError",
     "OptionError",
     "ReplayError",
     "SchemaChanged",
     "SparkSourceError",
     "is_schema_changed",
+    "raised_as",
 ]
 
-#: Text every SchemaChanged message starts with; survives Spark's exception wrapping.
-SCHEMA_CHANGED_MARKER = "[PGCDC_SCHEMA_CHANGED]"
-
-#: In the error of a snapshot copy that met a table rewritten since its snapshot (``pgcdc run``
-#: copies again with a new snapshot when it sees it)
-REWRITTEN_MARKER = "was rewritten by a column change"
-#: In the error of a snapshot copy whose table lost or changed a column after it was planned
-COLUMNS_CHANGED_MARKER = "changed its columns during the initial copy"
-#: Errors of a copy that a new snapshot (and a new plan of the tables) repairs
-COPY_AGAIN_MARKERS = (REWRITTEN_MARKER, COLUMNS_CHANGED_MARKER)
+_TAG = re.compile(r"\[pgcdc:([A-Za-z]+)\]")
 
 
 class SparkSourceError(PgcdcError):
     """Base class: the pgcdc Spark source failed. ``cause`` and ``fix`` make up the message."""
+
+    #: Whether the message starts with the class's tag, for ``raised_as`` to find across the JVM
+    tagged: ClassVar[bool] = False
 
     def __init__(self, cause: str, fix: str | None = None) -> None:
         # here, not at the top: the executors' Python workers import this module, and the
@@ -47,6 +44,8 @@ class SparkSourceError(PgcdcError):
         self.cause = scrub_secrets(cause.strip())
         self.fix = scrub_secrets(fix.strip()) if fix else None
         message = self.cause if not self.fix else f"{self.cause}. Fix: {self.fix}"
+        if self.tagged:
+            message = f"[pgcdc:{type(self).__name__}] {message}"
         super().__init__(message)
 
     def __reduce__(self) -> tuple[object, ...]:
@@ -73,11 +72,13 @@ class SchemaChanged(SparkSourceError):
     failed batch is read again (nothing was acknowledged).
     """
 
+    tagged = True
+
     def __init__(self, table: str, change: str, fix: str | None = None) -> None:
         self.table = table
         self.change = change
         super().__init__(
-            f"{SCHEMA_CHANGED_MARKER} table {table}: {change}",
+            f"table {table}: {change}",
             fix
             or "restart the streaming query (define the DataFrame again): its schema is read "
             "from the catalog when it is defined, and the failed batch is read again",
@@ -87,13 +88,40 @@ class SchemaChanged(SparkSourceError):
         return (type(self), (self.table, self.change, self.fix))
 
 
-def is_schema_changed(error: BaseException | None) -> bool:
-    """Whether ``error`` (or anything in its cause/context chain, or its message, as Spark wraps
-    executor errors) is a ``SchemaChanged``."""
+class CopyAgain(SparkSourceError):
+    """A table changed its columns after the initial copy's snapshot was taken (a rewriting
+    ``ALTER TABLE``, or a column dropped or retyped while the copy ran): a copy in that snapshot
+    would be wrong or fails, and a new snapshot with a new plan of the tables repairs it.
+    ``pgcdc run`` copies again by itself."""
+
+    tagged = True
+
+
+_TAGGED: dict[str, type[SparkSourceError]] = {
+    cls.__name__: cls for cls in (SchemaChanged, CopyAgain)
+}
+
+#: The tag that starts every ``SchemaChanged`` message
+SCHEMA_CHANGED_MARKER = "[pgcdc:SchemaChanged]"
+
+
+def raised_as(error: BaseException | None) -> type[SparkSourceError] | None:
+    """The tagged pgcdc error class in ``error``'s cause/context chain: an instance of it, or a
+    message carrying its tag (an executor's error as Spark wraps it); None when there is none."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, SchemaChanged) or SCHEMA_CHANGED_MARKER in str(error):
-            return True
+        if isinstance(error, SparkSourceError) and error.tagged:
+            return type(error)
+        match = _TAG.search(str(error))
+        if match is not None and match.group(1) in _TAGGED:
+            return _TAGGED[match.group(1)]
         error = error.__cause__ or error.__context__
-    return False
+    return None
+
+
+def is_schema_changed(error: BaseException | None) -> bool:
+    """Whether ``error`` (or anything in its cause/context chain, as Spark wraps executor
+    errors) is a ``SchemaChanged``."""
+    raised = raised_as(error)
+    return raised is not None and issubclass(raised, SchemaChanged)

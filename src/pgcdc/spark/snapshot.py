@@ -58,12 +58,7 @@ from pgcdc.replication.database import connect_sql
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog
 from pgcdc.spark.decode import ChangeDecoder, Label
 from pgcdc.spark.diagnostics import worker_logging
-from pgcdc.spark.errors import (
-    COLUMNS_CHANGED_MARKER,
-    REWRITTEN_MARKER,
-    OptionError,
-    SparkSourceError,
-)
+from pgcdc.spark.errors import CopyAgain, OptionError, SparkSourceError
 from pgcdc.spark.options import SnapshotSettings
 from pgcdc.spark.schema import codec_knows, registry_for
 
@@ -587,8 +582,8 @@ def _check_not_rewritten(conn: CopyConnection, table: CatalogTable, dsn: str) ->
             table.qualified,
         )
         return
-    raise SparkSourceError(
-        f"{table.qualified} {REWRITTEN_MARKER} (ALTER TABLE changing a column's "
+    raise CopyAgain(
+        f"{table.qualified} was rewritten by a column change (ALTER TABLE changing a column's "
         "type or adding one with a volatile default) after the snapshot was taken: a copy in "
         "that snapshot would miss its rows",
         "copy again with a new snapshot (pgcdc run does so on its next start); avoid such DDL "
@@ -604,8 +599,8 @@ _COLUMNS_CHANGED = frozenset({"42703", "42804"})
 def _copy_error(exc: StatementError, table: CatalogTable, settings: SnapshotSettings) -> Exception:
     text = exc.cause
     if exc.sqlstate in _COLUMNS_CHANGED:
-        return SparkSourceError(
-            f"{table.qualified} {COLUMNS_CHANGED_MARKER} ({text})",
+        return CopyAgain(
+            f"{table.qualified} changed its columns during the initial copy ({text})",
             "copy again with a new snapshot (pgcdc run does so by itself); avoid such DDL "
             "while the initial copy runs",
         )
