@@ -3,11 +3,12 @@
 ``LakeBatchWriter(df, batch_id)`` runs on the Spark driver (in Spark Connect: in the server's
 Python worker, so it is a plain picklable object), but no row of the batch passes through it:
 one small Spark job per batch gathers per table its change counts, LSN range, TRUNCATEs and
-unchanged-TOAST columns (``changes.batch_overview``), then for each table with changes and each
-of its Delta tables (history, mirror, changelog) not already holding this batch's commit, the
-rows are built in Spark and written by Delta's Spark connector on the executors: a MERGE into
-the history and the mirror, an append to the changelog, one commit per Delta table, tagged
-with the application transaction ``(app_id, batch id)``. A table's Delta tables are written at
+unchanged-TOAST columns (``changes.batch_overview``), then for each table with changes, the
+table's ``sink.TableBatch`` goes to the sink of each of its Delta tables (history, mirror,
+changelog) not already holding this batch's commit: the rows are built in Spark and written by
+Delta's Spark connector on the executors, a MERGE into the history and the mirror, an append
+to the changelog, one commit per Delta table, tagged with the application transaction
+``(app_id, batch id)``. A table's Delta tables are written at
 the same time (each Delta operation's fixed cost, planning and job scheduling, is most of a
 small batch's time); what the history reads of the mirror is pinned to its version before
 the batch. A replayed batch's
@@ -35,7 +36,6 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from pgcdc.lake.catalog import missing_values
-from pgcdc.lake.changelog import append_changelog, changelog_rows
 from pgcdc.lake.changes import (
     TableOverview,
     batch_overview,
@@ -44,11 +44,11 @@ from pgcdc.lake.changes import (
     table_events,
 )
 from pgcdc.lake.delta import cache_level
-from pgcdc.lake.history import history_rows, merge_history
 from pgcdc.lake.maintenance import Maintenance, conflicts, worker_for
-from pgcdc.lake.mirror import inserted_only, merge_mirror, mirror_rows
+from pgcdc.lake.mirror import inserted_only
 from pgcdc.lake.multiset import assign_rows
 from pgcdc.lake.schema_evolution import Defaults
+from pgcdc.lake.sink import SINKS, TableBatch
 from pgcdc.lake.tables import ROW_ID, LakeLayout, LakeTable, TableKind
 from pgcdc.lake.target import DeltaTarget
 from pgcdc.lsn import Lsn
@@ -352,62 +352,32 @@ class LakeBatchWriter:
             if "mirror" in wanted and "history" in wanted:
                 resolved = resolved.persist(cache_level())
 
+        batch = TableBatch(
+            table=table,
+            batch_id=batch_id,
+            app_id=self.app_id,
+            changes=df,
+            column=column,
+            names=names,
+            columns=columns,
+            overview=info,
+            resolved=resolved,
+            stored=stored,
+            inserts_only=inserts_only,
+            metadata=metadata,
+            defaults=defaults,
+        )
+
         def write(session: Any, kind: TableKind) -> Any:
             return again_on_conflict(
                 lambda: write_once(session, kind), f"batch {batch_id} {table.table_id} {kind}"
             )
 
         def write_once(session: Any, kind: TableKind) -> Any:
-            path = wanted[kind]
             clock = time.monotonic()
-            newest = None
-            if kind == "history":
-                merge_history(
-                    session,
-                    path,
-                    history_rows(resolved, table, columns, info),
-                    table,
-                    columns,
-                    stored=stored,
-                    overview=info,
-                    inserts_only=inserts_only,
-                    app_id=self.app_id,
-                    version=batch_id,
-                    metadata=metadata,
-                    defaults=defaults,
-                )
-            elif kind == "mirror":
-                newest = merge_mirror(
-                    session,
-                    path,
-                    mirror_rows(resolved, table, columns, info),
-                    table,
-                    columns,
-                    truncated=bool(info.truncates),
-                    inserts_only=inserts_only,
-                    newest=info.max_commit_time,
-                    app_id=self.app_id,
-                    version=batch_id,
-                    metadata=metadata,
-                    defaults=defaults,
-                )
-            else:
-                append_changelog(
-                    session,
-                    path,
-                    changelog_rows(df, table, column, names),
-                    table,
-                    app_id=self.app_id,
-                    version=batch_id,
-                    metadata=metadata,
-                    defaults=defaults,
-                )
+            newest = SINKS[kind].write(session, wanted[kind], batch)
             log.debug(
-                "batch %s %s %s: %.2f s",
-                batch_id,
-                table.table_id,
-                kind,
-                time.monotonic() - clock,
+                "batch %s %s %s: %.2f s", batch_id, table.table_id, kind, time.monotonic() - clock
             )
             commits.count()
             return newest

@@ -1,0 +1,142 @@
+"""Where a micro-batch's changes of one source table go: the ``TableSink`` interface and its
+three implementations, one per Delta table a source table can have (mirror, history,
+changelog).
+
+``batch.LakeBatchWriter`` builds one ``TableBatch`` per source table with changes in the batch
+and hands it to each sink of the table whose Delta table does not hold the batch yet
+(``SINKS``), each in a Spark session of its own, at the same time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from pgcdc.lake.changelog import append_changelog, changelog_rows
+from pgcdc.lake.changes import TableOverview
+from pgcdc.lake.history import history_rows, merge_history
+from pgcdc.lake.mirror import merge_mirror, mirror_rows
+from pgcdc.lake.schema_evolution import Defaults
+from pgcdc.lake.tables import LakeTable, TableKind
+
+__all__ = ["SINKS", "ChangelogSink", "HistorySink", "MirrorSink", "TableBatch", "TableSink"]
+
+
+@dataclass(frozen=True, slots=True)
+class TableBatch:
+    """One micro-batch's changes of one source table, as every sink of the table reads them."""
+
+    table: LakeTable
+    #: the batch's id, the version of its Delta application transaction
+    batch_id: int
+    app_id: str
+    #: the micro-batch (a Spark DataFrame of every table's changes) and this table's column
+    changes: Any
+    column: str
+    #: the table's columns the batch carries, and those the lake keeps (a keyless table's row
+    #: id added)
+    names: Sequence[str]
+    columns: Sequence[str]
+    overview: TableOverview
+    #: the table's events with unchanged TOAST values resolved (None when no sink needs them)
+    resolved: Any | None
+    #: the mirror as it was before the batch (a Spark DataFrame; None when there was none)
+    stored: Any | None
+    #: only INSERTs of new keys: appended without a MERGE
+    inserts_only: bool
+    #: the commit metadata every Delta commit of the batch carries
+    metadata: dict[str, Any]
+    #: existing rows' values of columns added with a default (None: the source is not asked)
+    defaults: Defaults | None
+
+
+class TableSink(Protocol):
+    """One Delta table a source table's changes are written to.
+
+    ``write`` applies ``batch`` to the Delta table at ``path`` in exactly one commit, tagged
+    with the application transaction ``(batch.app_id, batch.batch_id)``, after evolving the
+    table's schema to the batch's columns (creating the table when there is none). A sink keeps
+    no state between calls and may be called again with the same batch (after losing a
+    conflict with maintenance, or when a batch is replayed): a commit Delta already has is not
+    made twice. A write that raises leaves the table as it was. It returns the newest source
+    commit time the table holds from the batch, or None when the table does not keep one.
+    """
+
+    kind: TableKind
+
+    def write(self, spark: Any, path: str, batch: TableBatch) -> datetime | None: ...
+
+
+class MirrorSink:
+    """The mirror: per key its newest row, by Delta's MERGE (deletion vectors), or an append
+    when the batch only inserted new keys."""
+
+    kind: TableKind = "mirror"
+
+    def write(self, spark: Any, path: str, batch: TableBatch) -> datetime | None:
+        overview = batch.overview
+        return merge_mirror(
+            spark,
+            path,
+            mirror_rows(batch.resolved, batch.table, batch.columns, overview),
+            batch.table,
+            batch.columns,
+            truncated=bool(overview.truncates),
+            inserts_only=batch.inserts_only,
+            newest=overview.max_commit_time,
+            app_id=batch.app_id,
+            version=batch.batch_id,
+            metadata=batch.metadata,
+            defaults=batch.defaults,
+        )
+
+
+class HistorySink:
+    """The history: a version row per change, the previous version of its key closed, by
+    Delta's MERGE; unchanged values come from the mirror as it was before the batch."""
+
+    kind: TableKind = "history"
+
+    def write(self, spark: Any, path: str, batch: TableBatch) -> datetime | None:
+        merge_history(
+            spark,
+            path,
+            history_rows(batch.resolved, batch.table, batch.columns, batch.overview),
+            batch.table,
+            batch.columns,
+            stored=batch.stored,
+            overview=batch.overview,
+            inserts_only=batch.inserts_only,
+            app_id=batch.app_id,
+            version=batch.batch_id,
+            metadata=batch.metadata,
+            defaults=batch.defaults,
+        )
+        return None
+
+
+class ChangelogSink:
+    """The changelog: every change as the source sent it, appended."""
+
+    kind: TableKind = "changelog"
+
+    def write(self, spark: Any, path: str, batch: TableBatch) -> datetime | None:
+        append_changelog(
+            spark,
+            path,
+            changelog_rows(batch.changes, batch.table, batch.column, batch.names),
+            batch.table,
+            app_id=batch.app_id,
+            version=batch.batch_id,
+            metadata=batch.metadata,
+            defaults=batch.defaults,
+        )
+        return None
+
+
+#: The sink of each kind of Delta table
+SINKS: Mapping[TableKind, TableSink] = {
+    sink.kind: sink for sink in (HistorySink(), MirrorSink(), ChangelogSink())
+}
