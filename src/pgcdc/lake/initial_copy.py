@@ -1,0 +1,199 @@
+"""The initial copy step of a run: the pipeline's tables copied in parallel inside the snapshot
+its new slot exports, written as the lake's first Delta commits (``snapshot.write_snapshot``).
+
+Its state is saved at each step (generation, consistent point, done), so a start that finds an
+unfinished copy drops the slot and copies again as the next generation. A table whose columns
+change while the copy runs fails it with ``pgcdc.spark.CopyAgain``: the copy is taken again
+with a new snapshot and a new plan, at most ``MAX_COPY_ATTEMPTS`` times in one run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from pgcdc.lake.batch import table_column_pairs
+from pgcdc.lake.bootstrap import server_identity
+from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source
+from pgcdc.lake.failures import PipelineError, first_line
+from pgcdc.lake.snapshot import remove_tables, write_snapshot
+from pgcdc.lake.state import PipelineState, load_state, save_state
+from pgcdc.lsn import Lsn
+from pgcdc.replication import create_slot_with_snapshot, drop_slot, scrub_secrets, slot_info
+
+if TYPE_CHECKING:
+    from pgcdc.lake.pipeline import Pipeline, RunResult
+
+__all__ = ["MAX_COPY_ATTEMPTS", "InitialCopy"]
+
+log = logging.getLogger("pgcdc.lake")
+
+#: Initial copies started in one run when tables keep being rewritten under them.
+MAX_COPY_ATTEMPTS = 3
+
+
+class InitialCopy:
+    """The initial copy step of ``pipeline``'s run."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.config = pipeline.config
+        self.layout = pipeline.layout
+        self.observer = pipeline.observer
+        self.dsn = pipeline.dsn
+
+    def spark(self) -> Any:
+        return self.pipeline.spark()
+
+    def run(
+        self,
+        plan: SourcePlan,
+        previous: PipelineState | None,
+        slot_exists: bool,
+        result: RunResult,
+    ) -> PipelineState:
+        """The initial copy; copied again (a new snapshot, a new plan) when a table changed its
+        columns while it ran, at most ``MAX_COPY_ATTEMPTS`` times."""
+        from pgcdc.spark.errors import CopyAgain, raised_as
+
+        attempt = 1
+        while True:
+            try:
+                return self._copy(plan, previous, slot_exists, result)
+            except PipelineError as exc:
+                raised = raised_as(exc)
+                if (
+                    attempt >= MAX_COPY_ATTEMPTS
+                    or raised is None
+                    or not issubclass(raised, CopyAgain)
+                ):
+                    raise
+                attempt += 1
+                log.warning(
+                    "a table changed its columns during the initial copy: copying again with a "
+                    "new snapshot (attempt %s of %s)",
+                    attempt,
+                    MAX_COPY_ATTEMPTS,
+                    extra={"attempt": attempt},
+                )
+                plan = self.pipeline.plan = plan_source(self.dsn, self.config)  # new columns
+                previous = load_state(self.layout)
+                slot_exists = slot_info(self.dsn, self.config.source.slot) is not None
+
+    def _copy(
+        self,
+        plan: SourcePlan,
+        previous: PipelineState | None,
+        slot_exists: bool,
+        result: RunResult,
+    ) -> PipelineState:
+        dsn = self.dsn
+        source = self.config.source
+        tables = tuple(sorted(t.table_id for t in plan.tables))
+        spark = self.spark()  # a Spark that cannot start fails before anything is created
+        if previous is None:
+            system_id, database = server_identity(dsn)
+            state = PipelineState.new(
+                system_identifier=system_id,
+                database=database,
+                slot=source.slot,
+                publication=source.publication,
+                tables=tables,
+            )
+        else:
+            log.warning(
+                "the initial snapshot of generation %s did not finish: copying again",
+                previous.generation,
+            )
+            if slot_exists:
+                drop_slot(dsn, source.slot, terminate_active=True)
+            remove_tables(self.layout, plan.tables)
+            state = previous.evolve(
+                generation=previous.generation + 1,
+                tables=tables,
+                consistent_point=None,
+                snapshot_done=False,
+                snapshot_rows={},
+                last_failure=None,
+            )
+        save_state(self.layout, state)
+        if ensure_publication(dsn, self.config, plan):
+            state = state.evolve(publication_created=True)
+            save_state(self.layout, state)
+            log.info(
+                "created publication %s",
+                source.publication,
+                extra={"publication": source.publication},
+            )
+        started = time.monotonic()
+        from pgcdc.spark import snapshot_options, snapshot_reader
+
+        with create_slot_with_snapshot(
+            dsn, source.slot, connect_timeout=source.connect_timeout
+        ) as exported:
+            started_at = datetime.now(UTC)
+            state = state.evolve(
+                consistent_point=str(exported.consistent_point),
+                snapshot_started_at=started_at.isoformat(),
+            )
+            save_state(self.layout, state)
+            log.info(
+                "copying %s tables at %s (snapshot %s)",
+                len(plan.tables),
+                exported.consistent_point,
+                exported.snapshot_name,
+                extra={
+                    "tables": len(plan.tables),
+                    "lsn": str(exported.consistent_point),
+                    "slot": source.slot,
+                    "generation": state.generation,
+                },
+            )
+            self.observer.snapshot_started(len(plan.tables), Lsn(exported.consistent_point))
+            options: dict[str, Any] = {}
+            partitions = self.config.stream.snapshot_partitions_per_table
+            if partitions is not None:
+                options["partitionsPerTable"] = partitions
+            try:
+                reader = snapshot_reader(
+                    snapshot_options(
+                        dsn, exported=exported, publications=[source.publication], **options
+                    )
+                )
+                snapshot = write_snapshot(
+                    spark,
+                    reader,
+                    self.layout,
+                    plan.tables,
+                    dict(table_column_pairs(plan.tables)),
+                    consistent_point=Lsn(exported.consistent_point),
+                    started_at=started_at,
+                    app_id=state.snapshot_app_id,
+                    generation=state.generation,
+                    on_progress=self.observer.snapshot_progress,
+                )
+            except Exception as exc:
+                raise PipelineError(
+                    f"the initial copy failed: {scrub_secrets(first_line(exc))}; the next "
+                    "start copies everything again"
+                ) from exc
+        state = state.evolve(snapshot_done=True, snapshot_rows=dict(snapshot.rows))
+        save_state(self.layout, state)
+        result.snapshot_rows = dict(snapshot.rows)
+        result.snapshot_seconds = time.monotonic() - started
+        log.info(
+            "snapshot done: %s rows of %s tables in %.1f s",
+            sum(snapshot.rows.values()),
+            len(snapshot.rows),
+            result.snapshot_seconds,
+            extra={
+                "rows": sum(snapshot.rows.values()),
+                "tables": len(snapshot.rows),
+                "seconds": round(result.snapshot_seconds, 3),
+                "lsn": state.consistent_point,
+            },
+        )
+        self.observer.snapshot_finished(sum(snapshot.rows.values()), result.snapshot_seconds)
+        return state
