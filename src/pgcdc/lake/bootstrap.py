@@ -18,7 +18,7 @@ from pgcdc.lake.failures import PipelineError
 from pgcdc.lake.monitor import publication_gone_message, slot_gone_message, slot_lost_message
 from pgcdc.lake.state import PipelineState
 from pgcdc.lake.tables import LakeLayout
-from pgcdc.replication import missing_publications, slot_info
+from pgcdc.replication import missing_publications, slot_info, source_catalog
 from pgcdc.replication.database import connect_sql
 
 __all__ = ["Start", "config_problems", "server_identity", "start_point"]
@@ -29,11 +29,7 @@ log = logging.getLogger("pgcdc.lake")
 def server_identity(dsn: str) -> tuple[str, str]:
     """The source's system identifier and database name: what a lake mirrors."""
     with connect_sql(dsn) as conn:
-        row = conn.execute(
-            "SELECT system_identifier::text, current_database()::text FROM pg_control_system()"
-        ).fetchone()
-    assert row is not None
-    return str(row[0]), str(row[1])
+        return source_catalog.server_identity(conn)
 
 
 def config_problems(

@@ -45,6 +45,7 @@ from pgcdc.replication import (
     RowFilterSQL,
     create_publication,
     publication_info,
+    source_catalog,
 )
 from pgcdc.replication.database import connect_sql
 
@@ -59,39 +60,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("pgcdc.lake")
-
-_TABLES_SQL = """
-SELECT c.oid::bigint, n.nspname::text, c.relname::text, c.relkind::text, c.relreplident::text,
-       c.relispartition
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind IN ('r', 'p')
-  AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-  AND n.nspname !~ '^pg_(toast|temp_)'
-"""
-
-_COLUMNS_SQL = """
-SELECT a.attrelid::bigint, a.attname::text, a.atttypid::bigint, a.atttypmod, a.attnotnull,
-       a.attgenerated::text
-FROM pg_attribute a
-WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attrelid, a.attnum
-"""
-
-_INDEXES_SQL = """
-SELECT i.indrelid::bigint, i.indisprimary, i.indisreplident,
-       ARRAY(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
-             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-             ORDER BY k.ord)
-FROM pg_index i
-WHERE i.indrelid = ANY(%s::oid[]) AND (i.indisprimary OR i.indisreplident)
-"""
-
-_ANCESTORS_SQL = """
-SELECT a.relid::bigint, n.nspname::text, c.relname::text
-FROM pg_partition_ancestors(%s::oid) a
-JOIN pg_class c ON c.oid = a.relid JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE a.relid <> %s::oid
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,34 +139,32 @@ class SourcePlan:
 
 
 def _catalog(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], SourceTable]:
-    rows = conn.execute(_TABLES_SQL).fetchall()
-    oids = [r[0] for r in rows]
+    tables = source_catalog.user_tables(conn)
+    oids = [t.oid for t in tables]
     columns: dict[int, list[SourceColumn]] = {}
-    for relid, name, typ, typmod, notnull, generated in conn.execute(
-        _COLUMNS_SQL, (oids,)
-    ).fetchall():
-        columns.setdefault(relid, []).append(
-            SourceColumn(name, typ, typmod, bool(notnull), bool(generated))
+    for c in source_catalog.table_columns(conn, oids):
+        columns.setdefault(c.relid, []).append(
+            SourceColumn(c.name, c.type_oid, c.typmod, c.not_null, c.generated)
         )
     pkeys: dict[int, tuple[str, ...]] = {}
     idents: dict[int, tuple[str, ...]] = {}
-    for relid, primary, replident, names in conn.execute(_INDEXES_SQL, (oids,)).fetchall():
-        if primary:
-            pkeys[relid] = tuple(names)
-        if replident:
-            idents[relid] = tuple(names)
+    for index in source_catalog.key_indexes(conn, oids):
+        if index.primary:
+            pkeys[index.relid] = index.columns
+        if index.replica_identity:
+            idents[index.relid] = index.columns
     return {
-        (schema, name): SourceTable(
-            oid=oid,
-            schema=schema,
-            name=name,
-            relkind=kind,
-            replica_identity=ident,
-            columns=tuple(columns.get(oid, ())),
-            primary_key=pkeys.get(oid, ()),
-            identity_index=idents.get(oid, ()),
+        (t.schema, t.name): SourceTable(
+            oid=t.oid,
+            schema=t.schema,
+            name=t.name,
+            relkind=t.relkind,
+            replica_identity=t.replica_identity,
+            columns=tuple(columns.get(t.oid, ())),
+            primary_key=pkeys.get(t.oid, ()),
+            identity_index=idents.get(t.oid, ()),
         )
-        for oid, schema, name, kind, ident, _part in rows
+        for t in tables
     }
 
 
@@ -282,7 +248,7 @@ def _settings_for(
     found = config.table_settings(table.schema, table.name)
     if found is not None:
         return found
-    for _oid, schema, name in conn.execute(_ANCESTORS_SQL, (table.oid, table.oid)).fetchall():
+    for schema, name in source_catalog.partition_ancestors(conn, table.oid):
         found = config.table_settings(schema, name)
         if found is not None:
             return found
@@ -327,13 +293,10 @@ def _published_as_configured(
 
 def _replication_problems(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
     """The connecting role's lack of the REPLICATION attribute (the slot needs it), if so."""
-    row = conn.execute(
-        "SELECT current_user::text, rolreplication OR rolsuper FROM pg_roles "
-        "WHERE rolname = current_user"
-    ).fetchone()
-    if row is None or row[1]:
+    role = source_catalog.replication_role(conn)
+    if role is None or role[1]:
         return []
-    user = str(row[0])
+    user = role[0]
     return [
         (
             "source.dsn",
@@ -349,15 +312,8 @@ def _select_problems(
 ) -> list[tuple[str, str]]:
     """The published tables the connecting role may not SELECT from (the initial copy)."""
     problems: list[tuple[str, str]] = []
-    row = conn.execute("SELECT current_user::text").fetchone()
-    user = str(row[0]) if row is not None else "?"
-    oids = [t.oid for t in tables]
-    allowed = dict(
-        conn.execute(
-            "SELECT o, has_table_privilege(o::oid, 'SELECT') FROM unnest(%s::bigint[]) o",
-            (oids,),
-        ).fetchall()
-    )
+    user = source_catalog.current_user(conn)
+    allowed = source_catalog.select_privileges(conn, [t.oid for t in tables])
     for table in (t for t in tables if not allowed.get(t.oid, True)):
         name = sql.Identifier(table.schema, table.name).as_string(conn)
         problems.append(
@@ -579,29 +535,14 @@ def missing_values(
         return {}
     found: dict[str, Any] = {}
     with connect_sql(dsn) as conn:
-        rows = conn.execute(
-            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) "
-            "FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.atthasmissing "
-            "AND NOT a.attisdropped AND a.attname = ANY(%s)",
-            (sql.Identifier(table.schema, table.name).as_string(conn), list(columns)),
-        ).fetchall()
-        for name, type_name in rows:
+        typed = source_catalog.missing_value_types(conn, table.schema, table.name, list(columns))
+        for name, type_name in typed:
             arrow = columns[name]
             as_text = pa.types.is_string(arrow) or pa.types.is_large_string(arrow)
-            # array_to_string of the one-element array: its element's text (arrays too),
-            # read back as the column's type
-            value_sql = sql.SQL(
-                "SELECT (pg_catalog.array_to_string(a.attmissingval, ',')::{typ}){cast} "
-                "FROM pg_attribute a WHERE a.attrelid = %s::regclass AND a.attname = %s"
-            ).format(
-                typ=sql.SQL(type_name),  # format_type output: a valid, quoted type name
-                cast=sql.SQL("::text" if as_text else ""),
-            )
             try:
-                row = conn.execute(
-                    value_sql, (sql.Identifier(table.schema, table.name).as_string(conn), name)
-                ).fetchone()
-                value = None if row is None else row[0]
+                value = source_catalog.missing_value(
+                    conn, table.schema, table.name, name, type_name, as_text=as_text
+                )
                 pa.scalar(value, type=arrow)
             except (psycopg.Error, pa.ArrowException, TypeError, ValueError):
                 log.warning(
@@ -619,13 +560,7 @@ def missing_values(
 def source_columns(dsn: str, table: LakeTable) -> list[str]:
     """The table's current (not generated) columns, in order."""
     with connect_sql(dsn) as conn:
-        rows = conn.execute(
-            "SELECT a.attname::text FROM pg_attribute a "
-            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
-            "AND a.attgenerated = '' ORDER BY a.attnum",
-            (sql.Identifier(table.schema, table.name).as_string(conn),),
-        ).fetchall()
-    return [r[0] for r in rows]
+        return source_catalog.current_columns(conn, table.schema, table.name)
 
 
 def ensure_publication(dsn: str, config: PipelineConfig, plan: SourcePlan) -> bool:

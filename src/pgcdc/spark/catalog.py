@@ -96,56 +96,6 @@ class SourceCatalog:
         return None
 
 
-_PUBLISHED_15 = """
-SELECT t.schemaname::text, t.tablename::text, t.attnames::text[], t.rowfilter
-FROM pg_catalog.pg_publication_tables t
-WHERE t.pubname = ANY(%s::text[])
-ORDER BY 1, 2
-"""
-_PUBLISHED_OLD = """
-SELECT t.schemaname::text, t.tablename::text, NULL::text[], NULL::text
-FROM pg_catalog.pg_publication_tables t
-WHERE t.pubname = ANY(%s::text[])
-ORDER BY 1, 2
-"""
-_RELATIONS = """
-SELECT c.oid::int8, n.nspname::text, c.relname::text, c.relreplident::text, c.relkind::text,
-       pg_catalog.pg_relation_size(c.oid)
-FROM pg_catalog.pg_class c
-JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
-"""
-_COLUMNS = """
-SELECT a.attrelid::int8, a.attname::text, a.atttypid::int8, a.atttypmod, a.attndims,
-       pg_catalog.format_type(a.atttypid, a.atttypmod),
-       c.relreplident = 'f' OR COALESCE(a.attnum = ANY(i.indkey::int2[]), false),
-       a.attgenerated::text
-FROM pg_catalog.pg_attribute a
-JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
-LEFT JOIN pg_catalog.pg_index i ON i.indrelid = c.oid AND (
-    (c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
-WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attrelid, a.attnum
-"""
-#: The value PostgreSQL gives the rows that lack a column added later (a tuple written before
-#: ``ADD COLUMN ... DEFAULT <constant>`` reads ``attmissingval``), in the type's text form
-#: (``array_to_string`` of the one-element array is its element's output text, arrays
-#: included), with the output settings the codec reads.
-_MISSING_SETTINGS = (
-    "SET datestyle = 'ISO, MDY'",
-    "SET intervalstyle = 'postgres'",
-    "SET extra_float_digits = 3",
-    "SET bytea_output = 'hex'",
-    "SET lc_monetary = 'C'",
-)
-_MISSING = """
-SELECT a.attrelid::int8, a.attname::text, pg_catalog.array_to_string(a.attmissingval, ',')
-FROM pg_catalog.pg_attribute a
-WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped AND a.atthasmissing
-  AND a.attmissingval::text <> '{NULL}'
-"""
-
-
 def _connect(dsn: str, connect_timeout: float) -> psycopg.Connection[Any]:
     """A SQL connection (the replication layer, imported here: the executors' Python workers
     import this module for its dataclasses, and need neither psycopg nor psycopg2)."""
@@ -155,20 +105,16 @@ def _connect(dsn: str, connect_timeout: float) -> psycopg.Connection[Any]:
 
 
 def _check_server(conn: psycopg.Connection[Any]) -> tuple[int, str, int]:
-    row = conn.execute(
-        "SELECT current_setting('server_version_num')::int, "
-        "pg_catalog.pg_encoding_to_char(d.encoding), current_setting('block_size')::int "
-        "FROM pg_catalog.pg_database d WHERE d.datname = current_database()"
-    ).fetchone()
-    assert row is not None
-    version, encoding, block_size = int(row[0]), str(row[1]), int(row[2])
-    if encoding.upper() not in ("UTF8", "SQL_ASCII"):
+    from pgcdc.replication import source_catalog  # on the driver only: see ``_connect``
+
+    facts = source_catalog.server_facts(conn)
+    if facts.encoding.upper() not in ("UTF8", "SQL_ASCII"):
         raise OptionError(
-            f"database {conn.info.dbname!r} uses encoding {encoding}; the pgcdc Spark source "
-            "decodes UTF-8 text only",
+            f"database {conn.info.dbname!r} uses encoding {facts.encoding}; the pgcdc Spark "
+            "source decodes UTF-8 text only",
             "use a UTF-8 database (CREATE DATABASE ... ENCODING 'UTF8')",
         )
-    return version, conn.info.dbname, block_size
+    return facts.version, conn.info.dbname, facts.block_size
 
 
 def _or_filters(filters: Sequence[RowFilterSQL | None]) -> RowFilterSQL | None:
@@ -218,20 +164,15 @@ def load_catalog(
         )
     import psycopg  # on the driver only: see ``_connect``
 
+    from pgcdc.replication import source_catalog
+
     extra = extra_filters or {}
     conn = _connect(dsn, connect_timeout)
     try:
         version, database, block_size = _check_server(conn)
         wanted: dict[tuple[str, str], tuple[set[str] | None, list[RowFilterSQL | None]]] = {}
         if publications:
-            found = {
-                row[0]
-                for row in conn.execute(
-                    "SELECT pubname::text FROM pg_catalog.pg_publication "
-                    "WHERE pubname = ANY(%s::text[])",
-                    (list(publications),),
-                ).fetchall()
-            }
+            found = source_catalog.existing_publications(conn, publications)
             missing = [p for p in publications if p not in found]
             if missing:
                 raise OptionError(
@@ -240,10 +181,9 @@ def load_catalog(
                     "create them (pgcdc.replication.create_publication) or fix the "
                     "'publications' option",
                 )
-            query = _PUBLISHED_15 if version >= 150000 else _PUBLISHED_OLD
-            for schema, name, attnames, rowfilter in conn.execute(
-                query, (list(publications),)
-            ).fetchall():
+            for schema, name, attnames, rowfilter in source_catalog.published_tables(
+                conn, publications, version
+            ):
                 columns, filters = wanted.setdefault((schema, name), (set(), []))
                 if attnames is None:
                     wanted[(schema, name)] = (None, filters)
@@ -259,8 +199,7 @@ def load_catalog(
                     "use either 'publications' or 'tables'",
                 )
         keys = sorted(wanted)
-        rel_rows = conn.execute(_RELATIONS, ([k[0] for k in keys], [k[1] for k in keys])).fetchall()
-        relations = {(row[1], row[2]): row for row in rel_rows}
+        relations = {(r.schema, r.name): r for r in source_catalog.relations_named(conn, keys)}
         unknown = [f"{s}.{n}" for s, n in keys if (s, n) not in relations]
         if unknown:
             raise OptionError(
@@ -285,14 +224,23 @@ def load_catalog(
                     'case use the option rowFilters={"Schema.Table": "..."}',
                 )
             wanted[(schema, name)][1].extend(spec)
-        relids = [int(relations[k][0]) for k in keys]
-        names_by_id = {int(row[0]): k for k, row in relations.items()}
+        relids = [relations[k].relid for k in keys]
+        names_by_id = {row.relid: k for k, row in relations.items()}
         by_rel: dict[int, list[CatalogColumn]] = {r: [] for r in relids}
-        missing_values = _missing_values(conn, relids) if version >= 110000 else {}
-        for relid, attname, typid, typmod, ndims, typname, key, generated in conn.execute(
-            _COLUMNS, (relids,)
-        ).fetchall():
-            published = wanted[names_by_id[int(relid)]][0]
+        missing_values = (
+            source_catalog.missing_value_texts(conn, relids) if version >= 110000 else {}
+        )
+        for (
+            relid,
+            attname,
+            typid,
+            typmod,
+            ndims,
+            typname,
+            key,
+            generated,
+        ) in source_catalog.read_columns(conn, relids):
+            published = wanted[names_by_id[relid]][0]
             if published is not None:
                 if attname not in published:
                     continue
@@ -312,6 +260,7 @@ def load_catalog(
         result: list[CatalogTable] = []
         for table_key in keys:
             relid, schema, name, replident, _kind, size = relations[table_key]
+            size = int(size or 0)
             filters = wanted[table_key][1]
             result.append(
                 CatalogTable(
@@ -351,21 +300,6 @@ def load_catalog(
     )
 
 
-def _missing_values(conn: psycopg.Connection[Any], relids: list[int]) -> dict[tuple[int, str], str]:
-    """(relid, column) -> the text of the value rows written before the column existed read,
-    under the output settings the codec reads (a few types' text depends on them)."""
-    for setting in _MISSING_SETTINGS:
-        conn.execute(setting)
-    try:
-        return {
-            (int(relid), str(name)): str(text)
-            for relid, name, text in conn.execute(_MISSING, (relids,)).fetchall()
-            if text is not None
-        }
-    finally:
-        conn.execute("RESET ALL")
-
-
 def _user_types(
     conn: psycopg.Connection[Any], tables: Iterable[CatalogTable]
 ) -> tuple[TypeInfo, ...]:
@@ -390,16 +324,14 @@ def current_table(
     dsn: str, relid: int, publications: Sequence[str], *, connect_timeout: float = 10.0
 ) -> CatalogTable | None:
     """The relation's current published definition, or None if it is not published any more."""
+    from pgcdc.replication import source_catalog  # on the driver only: see ``_connect``
+
     conn = _connect(dsn, connect_timeout)
     try:
-        row = conn.execute(
-            "SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c "
-            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
-            (relid,),
-        ).fetchone()
+        name = source_catalog.relation_name(conn, relid)
     finally:
         conn.close()
-    if row is None:
+    if name is None:
         return None
     catalog = load_catalog(dsn, publications=publications, connect_timeout=connect_timeout)
     for table in catalog.tables:
