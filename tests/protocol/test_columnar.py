@@ -53,6 +53,7 @@ from pgcdc.protocol import (
     encode_tuple,
 )
 from pgcdc.protocol.columnar import ColumnarBatch, ColumnarDecoder, RelationBatch
+from pgcdc.protocol.message_types import MessageType
 from pgcdc.protocol.values import to_arrow
 from pgcdc.protocol.values.registry import TypeInfo, TypeRegistry
 from tests.fix_pg import PgDatabase
@@ -621,6 +622,60 @@ def test_chunks_decode_like_the_whole(stream: tuple[int, list[bytes]], sizes: li
         start = stop
     whole = ColumnarBatch(tuple(parts), tuple(others), len(data))
     check_same_as_row_decoder(proto, data, whole)
+
+
+Context = list[tuple[int, int | None]]
+
+
+def without_stream_blocks(data: Sequence[bytes]) -> tuple[list[bytes], Context, list[int]]:
+    """``data`` without its Stream Start and Stop messages, the stream context that says which
+    of the remaining messages were inside a block (as a spool reader has them), and each
+    remaining message's index in ``data``."""
+    kept: list[bytes] = []
+    context: Context = []
+    where: list[int] = []
+    for index, message in enumerate(data):
+        if message[0] == MessageType.STREAM_START:
+            context.append((len(kept), struct.unpack_from("!I", message, 1)[0]))
+        elif message[0] == MessageType.STREAM_STOP:
+            context.append((len(kept), None))
+        else:
+            kept.append(message)
+            where.append(index)
+    return kept, context, where
+
+
+@SETTINGS
+@given(streams(), st.integers(1, 8))
+def test_stream_context_given_directly_reads_like_the_blocks(
+    stream: tuple[int, list[bytes]], block: int
+) -> None:
+    """Messages read out of their stream, without Stream Start/Stop, decode with their Xids
+    when the context is given; blocks never span a change of context."""
+    proto, data = stream
+    kept, context, where = without_stream_blocks(data)
+    with mock.patch.object(columnar, "_BLOCK_MESSAGES", block):
+        decoder = ColumnarDecoder(proto)
+        direct = decoder.decode(kept, streams=context)
+    assert decoder.stream_xid is None
+    parts = []
+    for part in direct.changes:  # as if decoded from ``data``: _seq of the original messages
+        seq = pa.array([where[s] for s in part.batch.column("_seq").to_pylist()], pa.int64())
+        parts.append(RelationBatch(part.relation, part.batch.set_column(0, "_seq", seq)))
+    # the Stream Start/Stop messages the decoder never saw, as the row decoder reads them
+    row_decoder = Decoder(proto)
+    blocks = [
+        (i, message)
+        for i, message in enumerate(row_decoder.decode(m) for m in data)
+        if isinstance(message, StreamStart | StreamStop)
+    ]
+    others = sorted([*((where[i], m) for i, m in direct.others), *blocks], key=lambda o: o[0])
+    check_same_as_row_decoder(proto, data, ColumnarBatch(tuple(parts), tuple(others), len(data)))
+
+
+def test_stream_context_out_of_order_is_refused() -> None:
+    with pytest.raises(ValueError, match="index order"):
+        ColumnarDecoder(2).decode([b"x", b"y"], streams=[(1, 5), (0, None)])
 
 
 # -- malformed input ---------------------------------------------------------------------------

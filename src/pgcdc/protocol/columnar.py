@@ -194,35 +194,56 @@ class ColumnarDecoder:
         return self._layout(relation).schema
 
     # -- decoding ----------------------------------------------------------------------------
-    def decode(self, messages: Sequence[bytes]) -> ColumnarBatch:
-        """Decode ``messages`` (in stream order). Raises ProtocolError for malformed input."""
+    def decode(
+        self,
+        messages: Sequence[bytes],
+        *,
+        streams: Sequence[tuple[int, int | None]] | None = None,
+    ) -> ColumnarBatch:
+        """Decode ``messages`` (in stream order). Raises ProtocolError for malformed input.
+
+        ``streams`` gives the stream context directly, for messages read out of their stream
+        (a spool, an index) without their blocks' Stream Start and Stop: ``(index, xid)``
+        pairs in index order, each saying that the messages from ``index`` on belong to the
+        streamed block of ``xid`` (None: to no block), so that they are read with their Xid.
+        Messages before the first pair belong to no block, and the decoder is outside any
+        block afterwards. Without it, the Stream Start and Stop messages decoded set the
+        context.
+        """
         if not len(messages):
             return ColumnarBatch((), (), 0)
+        runs = _stream_runs(len(messages), streams)
         saved_xid = self._decoder.stream_xid
         layouts = dict(self._layouts)
         try:
             parts: list[tuple[_Layout, pa.RecordBatch]] = []
             others: list[tuple[int, ReplicationMessage]] = []
-            # a block at a time, so its messages stay in the CPU cache while every column is read
-            for offset in range(0, len(messages), _BLOCK_MESSAGES):
-                block = messages[offset : offset + _BLOCK_MESSAGES]
-                self._decode_block(block, offset, layouts, parts, others)
+            for start, end, xid in runs:
+                if streams is not None:
+                    self._decoder.stream_xid = xid
+                # a block at a time, so its messages stay in the CPU cache while every column
+                # is read
+                for offset in range(start, end, _BLOCK_MESSAGES):
+                    block = messages[offset : min(offset + _BLOCK_MESSAGES, end)]
+                    self._decode_block(block, offset, layouts, parts, others)
             result = ColumnarBatch(_merge(parts), tuple(others), len(messages))
         except (FramingMismatch, ProtocolError) as exc:
             self._decoder.stream_xid = saved_xid
-            self._raise_first_error(messages, saved_xid)
+            self._raise_first_error(messages, saved_xid, streams)
             raise RuntimeError(
                 "the columnar decoder found malformed input that the row decoder accepts; "
                 "please report this as a bug in pgcdc.protocol.columnar"
             ) from exc
         except _ValueFailure as failure:
             self._decoder.stream_xid = saved_xid
-            self._raise_first_error(messages, saved_xid)
+            self._raise_first_error(messages, saved_xid, streams)
             failure.error.add_note(f"message {failure.index} of the {len(messages)} decoded")
             raise failure.error from None
         except BaseException:
             self._decoder.stream_xid = saved_xid
             raise
+        if streams is not None:
+            self._decoder.stream_xid = None
         self._layouts = layouts
         return result
 
@@ -380,21 +401,52 @@ class ColumnarDecoder:
             batch = _segment(table, layout, change_idx[rows], offset, streamed[rows])
             parts.append((layout, batch))
 
-    def _raise_first_error(self, messages: Sequence[bytes], stream_xid: int | None) -> None:
+    def _raise_first_error(
+        self,
+        messages: Sequence[bytes],
+        stream_xid: int | None,
+        streams: Sequence[tuple[int, int | None]] | None,
+    ) -> None:
         """Re-read ``messages`` one by one and raise the first error, if any."""
         decoder = Decoder(self.proto_version)
         decoder.stream_xid = stream_xid
         relations = {relid: layout.relation for relid, layout in self._layouts.items()}
-        for index, data in enumerate(messages):
-            try:
-                message = decoder.decode(data)
-                if isinstance(message, Relation):
-                    relations[message.relation_id] = message
-                elif isinstance(message, Insert | Update | Delete):
-                    _check_change(message, relations)
-            except ProtocolError as exc:
-                exc.add_note(f"message {index} of the {len(messages)} decoded")
-                raise
+        for start, end, xid in _stream_runs(len(messages), streams):
+            if streams is not None:
+                decoder.stream_xid = xid
+            for index in range(start, end):
+                try:
+                    message = decoder.decode(messages[index])
+                    if isinstance(message, Relation):
+                        relations[message.relation_id] = message
+                    elif isinstance(message, Insert | Update | Delete):
+                        _check_change(message, relations)
+                except ProtocolError as exc:
+                    exc.add_note(f"message {index} of the {len(messages)} decoded")
+                    raise
+
+
+def _stream_runs(
+    count: int, streams: Sequence[tuple[int, int | None]] | None
+) -> list[tuple[int, int, int | None]]:
+    """``(start, end, xid)`` runs of ``count`` messages under the stream context ``streams``
+    (see ``ColumnarDecoder.decode``); one run, its xid unused, without a context."""
+    if streams is None:
+        return [(0, count, None)]
+    points = list(streams)
+    if not points or points[0][0] != 0:
+        points.insert(0, (0, None))
+    runs = []
+    for i, (start, xid) in enumerate(points):
+        end = points[i + 1][0] if i + 1 < len(points) else count
+        if not 0 <= start <= end <= count:
+            raise ValueError(
+                f"stream context {streams!r} does not fit {count} messages: give (index, xid) "
+                "pairs in index order"
+            )
+        if end > start:
+            runs.append((start, end, xid))
+    return runs
 
 
 def _check_change(message: Insert | Update | Delete, relations: Mapping[int, Relation]) -> None:

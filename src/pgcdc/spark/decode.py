@@ -2,10 +2,10 @@
 
 ``ChangeDecoder`` wraps a ``pgcdc.protocol.ColumnarDecoder`` (its relations start from the
 definitions in effect before the partition's first transaction). ``decode_transactions`` reads
-the messages of a partition's transactions in order, in groups of about ``chunk_bytes``; a
-streamed transaction is wrapped in a synthetic Stream Start/Stop so its messages (which carry
-an Xid) parse. Memory stays bounded by the group size: a large transaction is decoded, and
-yielded, a chunk at a time.
+the messages of a partition's transactions in order, in groups of about ``chunk_bytes``; the
+messages of a streamed transaction (which carry an Xid) are decoded in its stream context,
+given to the decoder directly. Memory stays bounded by the group size: a large transaction is
+decoded, and yielded, a chunk at a time.
 
 Each group's changes become one record batch in stream order: the metadata columns (joined
 from the transaction's labels), the row's position within its transaction (counted over every
@@ -25,8 +25,7 @@ from pyspark.sql.types import StructType
 
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.columnar import ColumnarBatch, ColumnarDecoder, RelationBatch
-from pgcdc.protocol.encoder import Encoder
-from pgcdc.protocol.messages import Relation, StreamStart, StreamStop, Truncate
+from pgcdc.protocol.messages import Relation, Truncate
 from pgcdc.protocol.values import to_arrow
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog
 from pgcdc.spark.conform import conform
@@ -56,6 +55,7 @@ class _Segment:
     first: int  # index of its first message in the group
     label: Label
     base: int  # position of its first row within the transaction
+    xid: int | None = None  # a streamed transaction's: its messages carry it
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +90,6 @@ class ChangeDecoder:
         self.layouts = TableLayout.build(catalog.tables, self.arrow_schema)
         self._registry = registry_for(catalog)
         self.decoder = ColumnarDecoder(proto_version, self._registry)
-        self.encoder = Encoder(proto_version)
         self.verdicts = dict(verdicts or {})
         self._resolved: dict[Relation, TableLayout | None] = {}
         self._missing: dict[tuple[int, str], pa.Array | None] = {}
@@ -101,12 +100,6 @@ class ChangeDecoder:
         """Feed the Type and Relation messages in effect before the first transaction."""
         if definitions:
             self.decoder.decode(list(definitions))
-
-    def stream_start(self, xid: int) -> bytes:
-        return self.encoder.encode(StreamStart(xid, True))
-
-    def stream_stop(self) -> bytes:
-        return self.encoder.encode(StreamStop())
 
     # -- relations -------------------------------------------------------------------------
     def resolve(self, relation: Relation) -> TableLayout | None:
@@ -238,7 +231,8 @@ class ChangeDecoder:
         self, messages: Sequence[bytes], segments: Sequence[_Segment]
     ) -> tuple[pa.RecordBatch | None, list[int]]:
         """One group: its record batch (None without rows) and the row count per segment."""
-        return self._batch(self.decoder.decode(messages), segments)
+        streams = [(segment.first, segment.xid) for segment in segments]
+        return self._batch(self.decoder.decode(messages, streams=streams), segments)
 
     def decode_copy(
         self, relation_id: int, rows: Sequence[bytes], label: Label, text_columns: Collection[int]
@@ -429,20 +423,16 @@ def decode_transactions(
         result, counts = decoder.decode(group, segments)
         last = segments[-1]
         group, size = [], 0
-        segments = [_Segment(0, last.label, last.base + counts[-1])]
+        segments = [_Segment(0, last.label, last.base + counts[-1], last.xid)]
         if result is not None and result.num_rows:
             yield result
 
     for label, streamed, xid, messages in transactions:
-        segments.append(_Segment(len(group), label, 0))
-        if streamed:
-            group.append(decoder.stream_start(xid))
+        segments.append(_Segment(len(group), label, 0, xid if streamed else None))
         for message in messages:
             group.append(message)
             size += len(message)
             if size >= chunk_bytes:
                 yield from flush()
-        if streamed:
-            group.append(decoder.stream_stop())
         # the next transaction starts a new segment; a finished one needs no carry-over
     yield from flush()
