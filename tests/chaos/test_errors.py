@@ -151,6 +151,7 @@ def test_publication_dropped_under_a_running_pipeline(
     assert ("does not exist" in message and "create it" in message) or (
         "is gone" in message and "move the lake away" in message
     ), message  # the cause and the fix
+    assert message.count("Fix:") <= 1, message  # one fix, not a fix per layer
     assert lake_snapshot(lake) == before
     # a later start refuses at once, with the same clear error (no traceback, no new copy)
     code, err = run_cli(config, capsys)

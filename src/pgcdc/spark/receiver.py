@@ -124,6 +124,11 @@ class Receiver:
                 raise SparkSourceError(
                     f"the pgcdc receiver failed: {error.cause}", error.fix
                 ) from error
+            if isinstance(error, ReplicationError) and error.fix:  # one fix, not two
+                raise SparkSourceError(
+                    f"the pgcdc receiver failed: {error.cause}",
+                    f"{error.fix}; then restart the streaming query",
+                ) from error
             raise SparkSourceError(
                 f"the pgcdc receiver failed: {error}",
                 "see the driver log; restart the streaming query once the cause is fixed",
