@@ -85,6 +85,7 @@ from pgcdc.protocol.messages import (
     Type,
     Update,
 )
+from pgcdc.protocol.streamed import Subtransactions
 
 if TYPE_CHECKING:
     from pgcdc.protocol.values.registry import TypeRegistry
@@ -126,12 +127,12 @@ class AssemblerStats:
 
 
 class _Sub:
-    """A subtransaction of a streamed transaction: where its first message went."""
+    """Where a subtransaction's first message went: the buffer, the relation definitions and
+    the live position."""
 
-    __slots__ = ("mark", "overlay_len", "position", "xid")
+    __slots__ = ("mark", "overlay_len", "position")
 
-    def __init__(self, xid: int, mark: Mark | None, overlay_len: int, position: int) -> None:
-        self.xid = xid
+    def __init__(self, mark: Mark | None, overlay_len: int, position: int) -> None:
         self.mark = mark
         self.overlay_len = overlay_len
         self.position = position
@@ -162,7 +163,6 @@ class _Txn:
         "prepare_time",
         "skip",
         "started",
-        "subxact_last",
         "subxacts",
         "xid",
     )
@@ -185,8 +185,7 @@ class _Txn:
         self.initial: dict[int, RelationInfo] = {}
         self.overlay: dict[int, RelationInfo] = {}
         self.overlay_log: list[RelationInfo] = []
-        self.subxacts: list[_Sub] = []
-        self.subxact_last: int | None = None
+        self.subxacts: Subtransactions[_Sub] = Subtransactions(xid)
         # streaming plugins (live delivery of streamed blocks)
         self.live = False
         self.started = False
@@ -594,8 +593,16 @@ class Assembler:
         if len(payload) < 9:
             self._decode(payload)  # too short for any streamed data message: raises
         xid, relid = _XID_OID.unpack_from(payload, 1)
-        if xid != st.xid and xid != st.subxact_last:  # noqa: PLR1714 - the hot path
-            self._note_xid(st, xid)
+        subxacts = st.subxacts
+        if xid != subxacts.xid and xid != subxacts.last:  # noqa: PLR1714 - the hot path
+            subxacts.note(
+                xid,
+                lambda: _Sub(
+                    st.buffer.mark() if st.buffer is not None else None,
+                    len(st.overlay_log),
+                    st.next_position,
+                ),
+            )
         if code == _CODE_R:
             relation = self._decode(payload)
             assert isinstance(relation, Relation)
@@ -625,17 +632,6 @@ class Assembler:
         elif relid not in st.overlay and relid not in st.initial:
             self._bind(st, relid, lsn, code)
         buffer.append(payload, lsn)
-
-    def _note_xid(self, st: _Txn, xid: int) -> None:
-        """Remember where a subtransaction's first message went (worker.c subxact_info_add)."""
-        if xid in (st.xid, st.subxact_last):
-            return
-        st.subxact_last = xid
-        for sub in reversed(st.subxacts):
-            if sub.xid == xid:
-                return
-        mark = st.buffer.mark() if st.buffer is not None else None
-        st.subxacts.append(_Sub(xid, mark, len(st.overlay_log), st.next_position))
 
     def _resolve(self, t: _Txn, relation_id: int, lsn: int, code: int) -> RelationInfo:
         info = t.overlay.get(relation_id) or t.initial.get(relation_id)
@@ -1190,18 +1186,15 @@ class Assembler:
 
     def _abort_subxact(self, st: _Txn, subxid: int) -> _Sub | None:
         """Drop everything from the subtransaction's first message on (worker.c)."""
-        for i in range(len(st.subxacts) - 1, -1, -1):
-            sub = st.subxacts[i]
-            if sub.xid == subxid:
-                if st.buffer is not None and sub.mark is not None:
-                    st.buffer.truncate(sub.mark)
-                if len(st.overlay_log) > sub.overlay_len:
-                    del st.overlay_log[sub.overlay_len :]
-                    st.overlay = {info.relation_id: info for info in st.overlay_log}
-                del st.subxacts[i:]
-                st.subxact_last = None
-                return sub
-        return None  # an empty subtransaction: nothing of it was streamed
+        sub = st.subxacts.abort(subxid)
+        if sub is None:
+            return None  # an empty subtransaction: nothing of it was streamed
+        if st.buffer is not None and sub.mark is not None:
+            st.buffer.truncate(sub.mark)
+        if len(st.overlay_log) > sub.overlay_len:
+            del st.overlay_log[sub.overlay_len :]
+            st.overlay = {info.relation_id: info for info in st.overlay_log}
+        return sub
 
     def _on_stream_abort(self, m: StreamAbort) -> None:
         st = self._streams.get(m.xid)

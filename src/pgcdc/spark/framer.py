@@ -44,6 +44,7 @@ from pgcdc.protocol.messages import (
     StreamStart,
     Type,
 )
+from pgcdc.protocol.streamed import Subtransactions
 from pgcdc.spark.errors import SparkSourceError
 from pgcdc.spark.index import Definitions, TransactionIndex, TxnEntry
 from pgcdc.spark.spool import RECORD_HEADER
@@ -85,7 +86,8 @@ def unix_micros(moment: datetime) -> int:
 
 @dataclass
 class _Sub:
-    xid: int
+    """Where a subtransaction's first message went, and the counts before it."""
+
     offset: int  # spool offset of its first message
     rows: int
     nbytes: int
@@ -103,9 +105,11 @@ class _Open:
     rows: int = 0
     nbytes: int = 0
     defs: list[tuple[int, tuple[str, int], bytes]] = field(default_factory=list)  # offset, key
-    subs: list[_Sub] = field(default_factory=list)
-    last_sub: int | None = None
+    subs: Subtransactions[_Sub] = field(init=False)
     commit_time: int = 0
+
+    def __post_init__(self) -> None:
+        self.subs = Subtransactions(self.xid)
 
     def add(self, offset: int, record: int) -> None:
         ranges = self.ranges
@@ -274,19 +278,14 @@ class Framer:
             if len(payload) < 1 + _U32.size:
                 raise ProtocolError(chr(kind), len(payload), "message too short for its Xid")
             subxid = _U32.unpack_from(payload, 1)[0]
-            if subxid not in (stream.xid, stream.last_sub):
-                stream.last_sub = subxid
-                if not any(sub.xid == subxid for sub in stream.subs):
-                    stream.subs.append(
-                        _Sub(
-                            subxid,
-                            offset,
-                            stream.rows,
-                            stream.nbytes,
-                            len(stream.ranges),
-                            len(stream.defs),
-                        )
-                    )
+            subs = stream.subs
+            if subxid != subs.xid and subxid != subs.last:  # noqa: PLR1714 - the hot path
+                subs.note(
+                    subxid,
+                    lambda: _Sub(
+                        offset, stream.rows, stream.nbytes, len(stream.ranges), len(stream.defs)
+                    ),
+                )
             if kind in CHANGES:
                 stream.rows += 1
             elif kind == _T:
@@ -311,13 +310,9 @@ class Framer:
             self.stats.aborted += 1
             return
         self.stats.subtransaction_aborts += 1
-        stream.last_sub = None
-        for i in range(len(stream.subs) - 1, -1, -1):
-            sub = stream.subs[i]
-            if sub.xid == abort.subxid:
-                stream.truncate(sub)
-                del stream.subs[i:]
-                return
+        sub = stream.subs.abort(abort.subxid)
+        if sub is not None:  # else nothing of it was streamed
+            stream.truncate(sub)
 
     def _stream_commit(self, payload: bytes) -> TxnEntry | None:
         commit = self._decode(payload)
