@@ -37,7 +37,7 @@ from pgcdc.protocol import (
     Type,
     Update,
 )
-from pgcdc.protocol.columnar import ColumnarDecoder
+from pgcdc.protocol.arrow.columnar import ColumnarDecoder
 from pgcdc.spark.errors import SparkSourceError
 from pgcdc.spark.framer import Framer
 from pgcdc.spark.index import TransactionIndex

@@ -49,10 +49,10 @@ from pgcdc.protocol import (
     StreamStop,
     Type,
     Update,
-    columnar,
     encode_tuple,
 )
-from pgcdc.protocol.columnar import ColumnarBatch, ColumnarDecoder, RelationBatch
+from pgcdc.protocol.arrow import columnar
+from pgcdc.protocol.arrow.columnar import ColumnarBatch, ColumnarDecoder, RelationBatch
 from pgcdc.protocol.message_types import MessageType
 from pgcdc.protocol.values import to_arrow
 from pgcdc.protocol.values.registry import TypeInfo, TypeRegistry

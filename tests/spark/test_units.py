@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgcdc.lsn import Lsn
-from pgcdc.protocol.columnar import ColumnarDecoder
+from pgcdc.protocol.arrow.columnar import ColumnarDecoder
 from pgcdc.protocol.encoder import Encoder
 from pgcdc.protocol.errors import CopyFormatError
 from pgcdc.protocol.messages import Column, Relation

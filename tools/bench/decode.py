@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from pgcdc.cli.throwaway_server import Cluster, available_versions
 from pgcdc.protocol import Decoder
-from pgcdc.protocol.columnar import ColumnarDecoder
+from pgcdc.protocol.arrow.columnar import ColumnarDecoder
 from tools.bench.harness import machine_info
 
 ROOT = Path(__file__).resolve().parents[2]

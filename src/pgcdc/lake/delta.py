@@ -96,7 +96,7 @@ DEFAULTS = {
     # vacuum's retention is [lake] vacuum_retention_hours, which may be under Delta's 168 h
     "spark.databricks.delta.retentionDurationCheck.enabled": "false",
     # a commit's checksum file (.crc, optional for every reader) costs Spark jobs rebuilding the
-    # log's state after the commit: some 3.5 s of the initial copy's fixed cost on 2 cores
+    # log's state after each commit
     "spark.databricks.delta.writeChecksumFile.enabled": "false",
 }
 

@@ -3,10 +3,10 @@
 ``Decoder`` turns one message's bytes into one frozen dataclass from ``pgcdc.protocol.messages``;
 ``Encoder`` is its exact inverse. Column values are converted to Python and Arrow by
 ``pgcdc.protocol.values``; whole batches of changes decode column-wise by
-``pgcdc.protocol.columnar``.
+``pgcdc.protocol.arrow.columnar``.
 """
 
-from pgcdc.protocol.columnar import ColumnarBatch, ColumnarDecoder
+from pgcdc.protocol.arrow.columnar import ColumnarBatch, ColumnarDecoder
 from pgcdc.protocol.decoder import MAX_PROTO_VERSION, Decoder
 from pgcdc.protocol.encoder import Encoder, encode_tuple
 from pgcdc.protocol.errors import CopyFormatError, ProtocolError

@@ -3,9 +3,9 @@
 Spark checks every record batch a Python data source yields against the Arrow form of the
 declared schema (``pyspark.sql.pandas.types.to_arrow_type``): list children are named
 ``element``, VARIANT is ``struct<value, metadata>`` of binaries, TIME is ``time64[ns]``. The
-decoders (``pgcdc.protocol.columnar``) produce the codec's own Arrow types; ``conform`` converts
-one array to its target type without a Python object per value, except JSON to VARIANT, which
-goes through Spark's own VARIANT encoder value by value.
+decoders (``pgcdc.protocol.arrow.columnar``) produce the codec's own Arrow types; ``conform``
+converts one array to its target type without a Python object per value, except JSON to
+VARIANT, which goes through Spark's own VARIANT encoder value by value.
 """
 
 from __future__ import annotations

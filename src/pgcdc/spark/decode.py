@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from pyspark.sql.types import StructType
 
 from pgcdc.lsn import Lsn
-from pgcdc.protocol.columnar import ColumnarBatch, ColumnarDecoder, RelationBatch
+from pgcdc.protocol.arrow.columnar import ColumnarBatch, ColumnarDecoder, RelationBatch
 from pgcdc.protocol.messages import Relation, Truncate
 from pgcdc.protocol.values import to_arrow
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog

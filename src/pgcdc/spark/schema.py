@@ -66,7 +66,7 @@ from pyspark.sql.types import (
     VariantType,
 )
 
-from pgcdc.protocol.typed_arrays import column_reader
+from pgcdc.protocol.arrow.typed_arrays import column_reader
 from pgcdc.protocol.values import TypeRegistry
 from pgcdc.protocol.values.adapt import UNKNOWN, plan_for
 from pgcdc.spark.catalog import CatalogColumn, CatalogTable, SourceCatalog

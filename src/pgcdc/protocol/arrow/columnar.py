@@ -5,8 +5,8 @@ in stream order) and returns a ``ColumnarBatch``: the Insert, Update and Delete 
 ``RecordBatch`` es per relation, and every other message decoded by the row ``Decoder`` with its
 index. It never builds a Python object per change: the messages are joined into one buffer, and
 numpy reads every message's type, relation and TupleData layout column by column for all rows
-at once (``pgcdc.protocol.framing``); Arrow kernels then parse the values in place
-(``pgcdc.protocol.typed_arrays``). Long inputs are read in blocks of ``_BLOCK_MESSAGES`` (so a
+at once (``pgcdc.protocol.arrow.framing``); Arrow kernels then parse the values in place
+(``pgcdc.protocol.arrow.typed_arrays``). Long inputs are read in blocks of ``_BLOCK_MESSAGES`` (so a
 block's bytes stay in the CPU cache while its columns are read) and the blocks' batches joined.
 
 Each ``RelationBatch`` holds the changes of one relation while its schema stays the same (a
@@ -44,10 +44,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from pgcdc.protocol.decoder import Decoder
-from pgcdc.protocol.encoder import encode_tuple
-from pgcdc.protocol.errors import CopyFormatError, ProtocolError
-from pgcdc.protocol.framing import (
+from pgcdc.protocol.arrow.framing import (
     KIND_BINARY,
     KIND_TEXT,
     KIND_UNCHANGED,
@@ -57,8 +54,11 @@ from pgcdc.protocol.framing import (
     walk_copy_rows,
     walk_tuples,
 )
+from pgcdc.protocol.arrow.typed_arrays import BadValue, ColumnReader, ColumnSlices, column_reader
+from pgcdc.protocol.decoder import Decoder
+from pgcdc.protocol.encoder import encode_tuple
+from pgcdc.protocol.errors import CopyFormatError, ProtocolError
 from pgcdc.protocol.messages import Delete, Insert, Relation, ReplicationMessage, Update
-from pgcdc.protocol.typed_arrays import BadValue, ColumnReader, ColumnSlices, column_reader
 
 if TYPE_CHECKING:
     from pgcdc.protocol.values.registry import TypeRegistry
@@ -232,7 +232,7 @@ class ColumnarDecoder:
             self._raise_first_error(messages, saved_xid, streams)
             raise RuntimeError(
                 "the columnar decoder found malformed input that the row decoder accepts; "
-                "please report this as a bug in pgcdc.protocol.columnar"
+                "please report this as a bug in pgcdc.protocol.arrow.columnar"
             ) from exc
         except _ValueFailure as failure:
             self._decoder.stream_xid = saved_xid
@@ -285,7 +285,7 @@ class ColumnarDecoder:
             _raise_first_copy_error(rows, len(kinds))
             raise RuntimeError(
                 "the columnar decoder found a malformed COPY tuple that the row check accepts; "
-                "please report this as a bug in pgcdc.protocol.columnar"
+                "please report this as a bug in pgcdc.protocol.arrow.columnar"
             ) from None
         index = np.arange(n, dtype=np.int64)
         try:

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.errors import PgcdcError
-from pgcdc.protocol.framing import KIND_BINARY, KIND_TEXT, MessageTable
+from pgcdc.protocol.arrow.framing import KIND_BINARY, KIND_TEXT, MessageTable
 
 if TYPE_CHECKING:
     from pgcdc.protocol.values.registry import TypeRegistry
