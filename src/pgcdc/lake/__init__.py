@@ -77,7 +77,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pgcdc.lake.config import ConfigError, PipelineConfig, load_config, parse_config
-    from pgcdc.lake.pipeline import Pipeline, PipelineError, RunResult
+    from pgcdc.lake.failures import PipelineError
+    from pgcdc.lake.pipeline import Pipeline, RunResult
     from pgcdc.lake.tables import LakeLayout, LakeTable, encode_name
     from pgcdc.lake.verify import TableCheck, compare_tables
 
@@ -90,7 +91,7 @@ _EXPORTS = {
     "LakeTable": "pgcdc.lake.tables",
     "Pipeline": "pgcdc.lake.pipeline",
     "PipelineConfig": "pgcdc.lake.config",
-    "PipelineError": "pgcdc.lake.pipeline",
+    "PipelineError": "pgcdc.lake.failures",
     "RunResult": "pgcdc.lake.pipeline",
     "TableCheck": "pgcdc.lake.verify",
     "compare_tables": "pgcdc.lake.verify",

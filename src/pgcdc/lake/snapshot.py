@@ -344,8 +344,9 @@ class SnapshotTask:
 #: A column of a copy's Parquet files is dictionary-encoded when the first ``DICTIONARY_SAMPLE``
 #: rows written hold at most ``DICTIONARY_SHARE`` of distinct values. Parquet writers try a
 #: dictionary for every column by default and fall back to plain values only once it outgrows
-#: its page (1 MB): for keys, timestamps and free text that is wasted work and larger files. (Each record batch is written as its own row group, about 100,000
-#: rows, so a quarter of a sample distinct still makes a dictionary that fits its page.)
+#: its page (1 MB): for keys, timestamps and free text that is wasted work and larger files.
+#: (Each record batch is written as its own row group, about 100,000 rows, so a quarter of a
+#: sample distinct still makes a dictionary that fits its page.)
 DICTIONARY_SHARE = 0.25
 DICTIONARY_SAMPLE = 20_000
 
