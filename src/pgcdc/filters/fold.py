@@ -16,6 +16,7 @@ it): ``fold`` returns an ``ErrorExpr`` then. ``1/0 = 1 OR a > 0`` therefore alwa
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from pgcdc.filters.bound import (
@@ -69,65 +70,81 @@ class _Folder:
     def _evaluate(self, node: Bound) -> Const:
         return self._const(node, Evaluator(()).eval(node))
 
+    # -- dispatch: one handler per node type; leaves (Const, Var, Param, ...) stay as they are
+    @functools.singledispatchmethod
     def fold(self, node: Bound) -> Bound:
-        if isinstance(node, Call):
-            args = tuple(self.fold(a) for a in node.args)
-            node = replace(node, args=args)
-            if node.strict and any(isinstance(a, Const) and a.value is None for a in args):
-                return self._const(node, None)
-            if all(_is_const(a) for a in args):
-                return self._evaluate(node)
-            return node
-        if isinstance(node, BoolExpr):
-            if node.kind == "not":
-                arg = self.fold(node.args[0])
-                if isinstance(arg, Const):
-                    return self._const(node, None if arg.value is None else not arg.value)
-                return replace(node, args=(arg,))
-            return self._and_or(node)
-        if isinstance(node, NullTest | BooleanTest):
-            arg = self.fold(node.arg)
-            folded = replace(node, arg=arg)
-            return self._evaluate(folded) if isinstance(arg, Const) else folded
-        if isinstance(node, DistinctExpr | NullIfExpr):
-            eq = node.eq
-            args = tuple(self.fold(a) for a in eq.args)
-            folded2 = replace(node, eq=replace(eq, args=args))
-            if isinstance(node, NullIfExpr):
-                # either argument NULL: they cannot be equal, the result is the first one
-                for a in args:
-                    if isinstance(a, Const) and a.value is None:
-                        return args[0]
-            return self._evaluate(folded2) if all(_is_const(a) for a in args) else folded2
-        if isinstance(node, ScalarArrayOpExpr):
-            left = self.fold(node.left)
-            array = self.fold(node.array)
-            folded3 = replace(node, left=left, array=array)
-            if (
-                _is_const(left)
-                and isinstance(array, ArrayExpr)
-                and all(_is_const(e) for e in array.elements)
-            ):
-                return self._evaluate(folded3)
-            return folded3
-        if isinstance(node, ArrayExpr):
-            return replace(node, elements=tuple(self.fold(e) for e in node.elements))
-        if isinstance(node, CaseExpr):
-            return self._case(node)
-        if isinstance(node, CaseTestExpr):
-            return self.case_value if self.case_value is not None else node
-        if isinstance(node, CoalesceExpr):
-            return self._coalesce(node)
-        if isinstance(node, MinMaxExpr):
-            args = tuple(self.fold(a) for a in node.args)
-            folded4 = replace(node, args=args)
-            return self._evaluate(folded4) if all(_is_const(a) for a in args) else folded4
-        if isinstance(node, RelabelType | CollateExpr):
-            arg = self.fold(node.arg)
-            if isinstance(arg, Const):
-                return Const(arg.value, node.type, node.typmod, arg.location)
-            return replace(node, arg=arg)
         return node
+
+    @fold.register
+    def _call(self, node: Call) -> Bound:
+        args = tuple(self.fold(a) for a in node.args)
+        node = replace(node, args=args)
+        if node.strict and any(isinstance(a, Const) and a.value is None for a in args):
+            return self._const(node, None)
+        if all(_is_const(a) for a in args):
+            return self._evaluate(node)
+        return node
+
+    @fold.register
+    def _bool(self, node: BoolExpr) -> Bound:
+        if node.kind == "not":
+            arg = self.fold(node.args[0])
+            if isinstance(arg, Const):
+                return self._const(node, None if arg.value is None else not arg.value)
+            return replace(node, args=(arg,))
+        return self._and_or(node)
+
+    @fold.register
+    def _test(self, node: NullTest | BooleanTest) -> Bound:
+        arg = self.fold(node.arg)
+        folded = replace(node, arg=arg)
+        return self._evaluate(folded) if isinstance(arg, Const) else folded
+
+    @fold.register
+    def _distinct(self, node: DistinctExpr | NullIfExpr) -> Bound:
+        eq = node.eq
+        args = tuple(self.fold(a) for a in eq.args)
+        folded = replace(node, eq=replace(eq, args=args))
+        if isinstance(node, NullIfExpr):
+            # either argument NULL: they cannot be equal, the result is the first one
+            for a in args:
+                if isinstance(a, Const) and a.value is None:
+                    return args[0]
+        return self._evaluate(folded) if all(_is_const(a) for a in args) else folded
+
+    @fold.register
+    def _any_all(self, node: ScalarArrayOpExpr) -> Bound:
+        left = self.fold(node.left)
+        array = self.fold(node.array)
+        folded = replace(node, left=left, array=array)
+        if (
+            _is_const(left)
+            and isinstance(array, ArrayExpr)
+            and all(_is_const(e) for e in array.elements)
+        ):
+            return self._evaluate(folded)
+        return folded
+
+    @fold.register
+    def _array(self, node: ArrayExpr) -> Bound:
+        return replace(node, elements=tuple(self.fold(e) for e in node.elements))
+
+    @fold.register
+    def _case_test(self, node: CaseTestExpr) -> Bound:
+        return self.case_value if self.case_value is not None else node
+
+    @fold.register
+    def _min_max(self, node: MinMaxExpr) -> Bound:
+        args = tuple(self.fold(a) for a in node.args)
+        folded = replace(node, args=args)
+        return self._evaluate(folded) if all(_is_const(a) for a in args) else folded
+
+    @fold.register
+    def _relabel(self, node: RelabelType | CollateExpr) -> Bound:
+        arg = self.fold(node.arg)
+        if isinstance(arg, Const):
+            return Const(arg.value, node.type, node.typmod, arg.location)
+        return replace(node, arg=arg)
 
     def _and_or(self, node: BoolExpr) -> Bound:
         is_or = node.kind == "or"
@@ -158,6 +175,7 @@ class _Folder:
             return kept[0]
         return replace(node, args=tuple(kept))
 
+    @fold.register
     def _case(self, node: CaseExpr) -> Bound:
         arg = None if node.arg is None else self.fold(node.arg)
         saved = self.case_value
@@ -181,6 +199,7 @@ class _Folder:
             return default
         return replace(node, arg=arg, whens=tuple(whens), default=default)
 
+    @fold.register
     def _coalesce(self, node: CoalesceExpr) -> Bound:
         args: list[Bound] = []
         for arg in node.args:
