@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from psycopg import sql
 from pyspark.sql import SparkSession
 
 from pgcdc.replication import create_publication, create_slot_with_snapshot
@@ -70,10 +71,34 @@ def _new(rows: list[dict[str, Any]], table: str) -> dict[int, dict[str, Any]]:
     return {r[column]["new"]["id"]: r[column]["new"] for r in rows if r["_table"] == table}
 
 
+#: Database defaults under which the text form of dates, intervals and floats differs from what
+#: the codec reads (new sessions, the replication connection's included, start with them)
+HOSTILE_DEFAULTS = (
+    ("datestyle", "SQL, DMY"),
+    ("intervalstyle", "sql_standard"),
+    ("extra_float_digits", "0"),
+    ("bytea_output", "escape"),
+)
+
+
+@pytest.mark.parametrize("defaults", ["server", "hostile"])
 def test_every_type_stream_binary_text_and_snapshot(
-    pg: PgDatabase, spark: SparkSession, checkpoint_dir
+    pg: PgDatabase, spark: SparkSession, checkpoint_dir, defaults: str
 ):
+    """Under the server's defaults, and under database defaults that print dates, intervals,
+    floats and bytea differently: the text form is read under pgcdc's own output settings."""
     with pg.connect() as conn:
+        if defaults == "hostile":
+            database = conn.execute("SELECT current_database()").fetchone()[0]
+            for name, value in HOSTILE_DEFAULTS:
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                        sql.Identifier(database), sql.Identifier(name), sql.Literal(value)
+                    )
+                )
+    with pg.connect() as conn:
+        if defaults == "hostile":  # the new session has them
+            assert conn.execute("SHOW datestyle").fetchone()[0] == "SQL, DMY"
         conn.execute(KINDS)
     create_publication(pg.dsn(), "p_known", tables=["kinds"])
     create_publication(pg.dsn(), "p_all", tables=["kinds", "odd"])

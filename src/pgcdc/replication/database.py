@@ -16,7 +16,15 @@ import psycopg
 from pgcdc.replication.errors import describe_server, dsn_user
 from pgcdc.replication.failures import classify
 
-__all__ = ["Connectable", "connect_sql", "raise_sql_error", "server_name", "sql_connection"]
+__all__ = [
+    "CODEC_OUTPUT_SETTINGS",
+    "Connectable",
+    "connect_sql",
+    "raise_sql_error",
+    "server_name",
+    "sql_connection",
+    "with_codec_settings",
+]
 
 Connectable: TypeAlias = "str | psycopg.Connection[Any]"
 
@@ -56,6 +64,29 @@ def raise_sql_error(
         lost=isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError),
     )
     raise failure.error from None
+
+
+#: The output settings pgcdc reads values' text form under, whatever the server's, the
+#: database's or the role's defaults: the three PostgreSQL's own subscriber sets on its
+#: replication connections (libpqwalreceiver.c), and money in the C locale, as the binary form
+#: is printed
+CODEC_OUTPUT_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("datestyle", "ISO"),
+    ("intervalstyle", "postgres"),
+    ("extra_float_digits", "3"),
+    ("lc_monetary", "C"),
+)
+
+
+def with_codec_settings(dsn: str) -> str:
+    """``dsn`` with ``CODEC_OUTPUT_SETTINGS`` added to its ``options`` (after the user's own,
+    so they win): for the connections whose values pgcdc decodes as text (the Spark source's
+    replication connection, the initial copy's)."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    ours = " ".join(f"-c {name}={value}" for name, value in CODEC_OUTPUT_SETTINGS)
+    theirs = str(conninfo_to_dict(dsn).get("options") or "")
+    return make_conninfo(dsn, options=f"{theirs} {ours}".strip())
 
 
 def connect_sql(dsn: str, *, connect_timeout: float = 10.0) -> psycopg.Connection[Any]:

@@ -34,6 +34,7 @@ from pgcdc.replication import (
     WalData,
     slot_info,
 )
+from pgcdc.replication.database import with_codec_settings
 from pgcdc.replication.reconnect import Backoff
 from pgcdc.spark.errors import SparkSourceError
 from pgcdc.spark.framer import Framer
@@ -196,7 +197,7 @@ class Receiver:
         outage: Backoff | None = None
         while True:
             session = ReplicationSession(
-                settings.dsn,
+                with_codec_settings(settings.dsn),  # values in text form as the codec reads them
                 settings.slot,
                 options,
                 status_interval=settings.status_interval,

@@ -54,7 +54,7 @@ from pgcdc.protocol.messages import Column, Relation
 from pgcdc.protocol.values import TypeRegistry
 from pgcdc.replication import slot_info
 from pgcdc.replication.copy import CopyConnection, StatementError
-from pgcdc.replication.database import connect_sql
+from pgcdc.replication.database import connect_sql, with_codec_settings
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog
 from pgcdc.spark.decode import ChangeDecoder, Label
 from pgcdc.spark.diagnostics import worker_logging
@@ -453,7 +453,8 @@ class PgcdcSnapshotReader(DataSourceReader):
                 rows += batch.num_rows
                 emit(batch)
 
-        with CopyConnection(self.settings.dsn) as conn:
+        # text-form columns (types the codec has no binary reader for) print as it reads them
+        with CopyConnection(with_codec_settings(self.settings.dsn)) as conn:
             try:
                 conn.execute("BEGIN TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 if self.settings.snapshot:
