@@ -128,6 +128,14 @@ def test_scrub_secrets() -> None:
     )
     error = ReplicationError("cannot use dsn host=h password=hunter2", "fix password=hunter2")
     assert "hunter2" not in str(error)
+    # the client key's passphrase, and a double-quoted value (libpq keeps the quotes)
+    assert scrub_secrets("host=h sslpassword=keypass sslkey=k") == (
+        "host=h sslpassword=*** sslkey=k"
+    )
+    assert (
+        scrub_secrets("postgres://h/db?sslpassword=kp&x=1") == "postgres://h/db?sslpassword=***&x=1"
+    )
+    assert scrub_secrets('host=h password="secret" x=1') == "host=h password=*** x=1"
 
 
 def test_slot_already_active(pg: PgDatabase) -> None:

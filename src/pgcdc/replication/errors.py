@@ -33,14 +33,15 @@ __all__ = [
     "scrub_secrets",
 ]
 
-# password=secret, password = 'se cret', PASSWORD='it''s' (libpq conninfo keyword form)
+# password=secret, password = 'se cret', PASSWORD='it''s', password="x" (libpq takes the double
+# quotes literally), and sslpassword (the client key's passphrase): libpq's keyword form
 _KEYWORD_PASSWORD = re.compile(
-    r"""(?i)((?<![?&])\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s'"]\S*)"""
+    r"""(?i)((?<![?&])\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)"""
 )
 # postgresql://user:secret@host/db (URI form)
 _URI_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@\s]*)(@)")
 # ?password=secret&... inside a URI query string
-_QUERY_PASSWORD = re.compile(r"(?i)([?&]password=)([^&\s]*)")
+_QUERY_PASSWORD = re.compile(r"(?i)([?&](?:ssl)?password=)([^&\s]*)")
 
 
 def scrub_secrets(text: str) -> str:
