@@ -110,6 +110,22 @@ def test_wrong_tables(pg: PgDatabase) -> None:
     assert "REPLICA IDENTITY FULL" in found["tables[0].name"]
 
 
+def test_column_names_spark_cannot_tell_apart(pg: PgDatabase) -> None:
+    """Spark resolves names without regard to case: a source column named like a metadata
+    column in another case, or two differing only in case, are refused before anything is
+    created, not on the first batch."""
+    pg.execute(
+        'CREATE TABLE meta(id int PRIMARY KEY, "__COMMIT_LSN" bigint);'
+        'CREATE TABLE work(id int PRIMARY KEY, "__PGCDC_op" text);'
+        'CREATE TABLE twins(id int PRIMARY KEY, "Id2" int, id2 int, "V" int);'
+    )
+    found = errors(pg, [{"name": "meta"}, {"name": "work"}, {"name": "twins"}])
+    assert "__COMMIT_LSN" in found["tables[0].name"] and "reserves" in found["tables[0].name"]
+    assert "__PGCDC_op" in found["tables[1].name"]
+    twins = found["tables[2].name"]
+    assert "Id2, id2" in twins and "differ only in case" in twins and "V" not in twins
+
+
 def test_wrong_row_filters(pg: PgDatabase) -> None:
     pg.execute(SCHEMA)
     found = errors(pg, [{"name": "t2", "row_filter": "e = 99"}])

@@ -34,7 +34,7 @@ from psycopg import sql
 
 from pgcdc.filters import ReplicaIdentityError, RowFilter, RowFilterError
 from pgcdc.lake.config import ConfigError, PipelineConfig, TableSettings
-from pgcdc.lake.tables import LakeTable, reserved_column
+from pgcdc.lake.tables import LakeTable, case_clashes, reserved_column
 from pgcdc.protocol.messages import Column, Relation
 from pgcdc.replication import (
     PublicationInfo,
@@ -479,8 +479,20 @@ def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> Sourc
                 (
                     f"{key_name}.name",
                     f"table {table.table_id} has column(s) {', '.join(clash)}, names pgcdc "
-                    "reserves for its metadata columns (and the __pgcdc prefix): rename them or "
-                    "leave the table out",
+                    "reserves for its metadata columns (and the __pgcdc prefix), in any case: "
+                    "rename them or leave the table out",
+                )
+            )
+            continue
+        twins = case_clashes([c.name for c in table.columns])
+        if twins:
+            problems.append(
+                (
+                    f"{key_name}.name",
+                    f"table {table.table_id} has columns whose names differ only in case ("
+                    + "; ".join(", ".join(group) for group in twins)
+                    + "), which Spark cannot tell apart: rename one of each, or leave the table "
+                    "out",
                 )
             )
             continue

@@ -19,6 +19,7 @@ pgcdc's own columns start with two underscores (the convention Databricks' AUTO 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -33,6 +34,7 @@ __all__ = [
     "LakeLayout",
     "LakeTable",
     "TableKind",
+    "case_clashes",
     "encode_name",
     "reserved_column",
 ]
@@ -86,9 +88,22 @@ RESERVED_COLUMNS = frozenset(MIRROR_COLUMNS + HISTORY_COLUMNS + CHANGELOG_COLUMN
 RESERVED_PREFIX = "__pgcdc"
 
 
+_RESERVED_LOWER = frozenset(name.lower() for name in RESERVED_COLUMNS)
+
+
 def reserved_column(name: str) -> bool:
-    """Whether a source column's name clashes with pgcdc's metadata or working columns."""
-    return name in RESERVED_COLUMNS or name.startswith(RESERVED_PREFIX)
+    """Whether a source column's name clashes with pgcdc's metadata or working columns, in
+    any case: Spark resolves column names without regard to case."""
+    lower = name.lower()
+    return lower in _RESERVED_LOWER or lower.startswith(RESERVED_PREFIX)
+
+
+def case_clashes(names: Sequence[str]) -> list[tuple[str, ...]]:
+    """The groups of ``names`` that differ only in case (Spark cannot tell them apart)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name.lower(), []).append(name)
+    return [tuple(group) for group in groups.values() if len(group) > 1]
 
 
 def _keep(ch: str) -> bool:
