@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pathlib
+import struct
+import time
 
 import pytest
 
@@ -29,6 +31,8 @@ from pgcdc.replication import (
     StreamOptions,
     UnsupportedOptionError,
     WalData,
+    create_publication,
+    create_slot_with_snapshot,
     max_proto_version,
 )
 from tests.fix_pg import PgDatabase
@@ -292,3 +296,37 @@ def test_connection_is_psycopg2_only_in_transport() -> None:
         if "import psycopg2" in p.read_text() or "from psycopg2" in p.read_text()
     )
     assert importers == ["replication/copy.py", "replication/transport.py"]
+
+
+def test_a_confirm_never_moves_the_slot_past_what_was_confirmed(pg: PgDatabase) -> None:
+    """Transaction A begins, T1 and T2 commit, A commits: A arrives after T2 with messages that
+    start at its first LSN, before T1's end. Confirming T1's end while A's messages are being
+    received must leave the slot there, as it does for the plain status update the Spark
+    receiver sends after a confirm. Asking for a keepalive there instead (what the receiver
+    did) let it arrive amid A, and psycopg2 then reported the server's WAL end as flushed, T2
+    included (seen here on PostgreSQL 18: the slot at T2's end; the timing decides)."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    with pg.connect(autocommit=False) as a:
+        a.execute(
+            "INSERT INTO t SELECT g, repeat('x', 1000) FROM generate_series(1000000, 1040000) g"
+        )
+        pg.execute("INSERT INTO t VALUES (1, 'T1')")
+        pg.execute("INSERT INTO t VALUES (2, 'T2')")
+        a.commit()
+    session = ReplicationSession(pg.dsn(), "s", StreamOptions(("pub",)), status_interval=1.0)
+    ends: list[Lsn] = []
+    for event in session.events():
+        if isinstance(event, WalData) and event.payload[:1] == b"C":
+            ends.append(Lsn(struct.unpack_from("!Q", event.payload, 10)[0]))
+            if len(ends) == 1:
+                session.confirm(ends[0])
+                session.request_status(reply=False)
+                time.sleep(3)  # not reading: the walsender blocks amid A, then reads the status
+            if len(ends) == 3:
+                break
+    session.request_status(reply=False)
+    session.close()
+    row = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots")
+    assert str(row[0][0]) == str(ends[0]), (row, ends)

@@ -247,13 +247,20 @@ class ReplicationSession:
             )
         self._tracker.confirm(lsn)
 
-    def request_status(self) -> None:
-        """Send a status update now and ask the server for an immediate keepalive."""
+    def request_status(self, *, reply: bool = True) -> None:
+        """Send a status update now; with ``reply``, ask the server for an immediate keepalive.
+
+        A keepalive that arrives while psycopg2's last message began at or before the last
+        confirmed position makes psycopg2 report the server's WAL end as flushed from then on,
+        past transactions received but not confirmed (their messages start at their first
+        LSN, before positions confirmed since): ask for one only when nothing unconfirmed was
+        received, or when reporting that WAL end is harmless.
+        """
         transport = self._transport
         if transport is None or self._tracker is None:
             return
         try:
-            self._send_status(transport, reply=True)
+            self._send_status(transport, reply=reply)
         except TransportError as exc:
             self._lose(exc)
 
