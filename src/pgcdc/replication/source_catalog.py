@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from pgcdc.replication.database import CODEC_OUTPUT_SETTINGS
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -325,15 +327,9 @@ def read_columns(conn: psycopg.Connection[Any], relids: Sequence[int]) -> list[R
     ]
 
 
-#: The output settings the codec reads a missing value's text with (a few types' text
-#: depends on them)
-_MISSING_SETTINGS = (
-    "SET datestyle = 'ISO, MDY'",
-    "SET intervalstyle = 'postgres'",
-    "SET extra_float_digits = 3",
-    "SET bytea_output = 'hex'",
-    "SET lc_monetary = 'C'",
-)
+#: The output settings the codec reads a missing value's text with: those of the connections
+#: it decodes text from, and bytea in hex
+_MISSING_SETTINGS = (*CODEC_OUTPUT_SETTINGS, ("bytea_output", "hex"))
 
 
 def missing_value_texts(
@@ -342,8 +338,8 @@ def missing_value_texts(
     """(relid, column) -> the text of the value that rows written before the column was added
     read (``attmissingval``; ``array_to_string`` of the one-element array is its element's
     output text, arrays included), under the output settings the codec reads."""
-    for setting in _MISSING_SETTINGS:
-        conn.execute(setting)
+    for name, value in _MISSING_SETTINGS:
+        conn.execute("SELECT pg_catalog.set_config(%s, %s, false)", (name, value))
     try:
         rows = conn.execute(
             "SELECT a.attrelid::int8, a.attname::text, "
