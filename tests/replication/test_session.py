@@ -286,25 +286,27 @@ def test_options_validation() -> None:
         StreamOptions(("p",), streaming="maybe")  # type: ignore[arg-type]
 
 
-def test_connection_is_psycopg2_only_in_transport() -> None:
-    """Only the transport module (the replication connection) and the copy module (COPY's C
-    loop) import psycopg2; the rest of pgcdc never sees it."""
+def test_psycopg2_is_only_in_the_copy_module() -> None:
+    """Only the copy module (COPY's C loop) imports psycopg2; the replication connection is
+    libpq through psycopg 3 (psycopg2's replication loop advanced the slot on its own)."""
     root = pathlib.Path(__file__).resolve().parents[2] / "src" / "pgcdc"
     importers = sorted(
         str(p.relative_to(root))
         for p in root.rglob("*.py")
         if "import psycopg2" in p.read_text() or "from psycopg2" in p.read_text()
     )
-    assert importers == ["replication/copy.py", "replication/transport.py"]
+    assert importers == ["replication/copy.py"]
 
 
-def test_a_confirm_never_moves_the_slot_past_what_was_confirmed(pg: PgDatabase) -> None:
+@pytest.mark.parametrize("reply", [False, True], ids=["status", "status-asking-a-reply"])
+def test_a_confirm_never_moves_the_slot_past_what_was_confirmed(
+    pg: PgDatabase, reply: bool
+) -> None:
     """Transaction A begins, T1 and T2 commit, A commits: A arrives after T2 with messages that
     start at its first LSN, before T1's end. Confirming T1's end while A's messages are being
-    received must leave the slot there, as it does for the plain status update the Spark
-    receiver sends after a confirm. Asking for a keepalive there instead (what the receiver
-    did) let it arrive amid A, and psycopg2 then reported the server's WAL end as flushed, T2
-    included (seen here on PostgreSQL 18: the slot at T2's end; the timing decides)."""
+    received must leave the slot there, whether the status asks for a keepalive or not. With
+    psycopg2's replication loop, the keepalive arriving amid A made it report the server's WAL
+    end as flushed, T2 included (seen on both servers: the slot at T2's end)."""
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
     create_publication(pg.dsn(), "pub", tables=["t"])
     create_slot_with_snapshot(pg.dsn(), "s").release()
@@ -322,11 +324,54 @@ def test_a_confirm_never_moves_the_slot_past_what_was_confirmed(pg: PgDatabase) 
             ends.append(Lsn(struct.unpack_from("!Q", event.payload, 10)[0]))
             if len(ends) == 1:
                 session.confirm(ends[0])
-                session.request_status(reply=False)
+                session.request_status(reply=reply)
                 time.sleep(3)  # not reading: the walsender blocks amid A, then reads the status
             if len(ends) == 3:
                 break
     session.request_status(reply=False)
     session.close()
+    row = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots")
+    assert str(row[0][0]) == str(ends[0]), (row, ends)
+
+
+def test_a_keepalive_amid_a_transaction_never_moves_the_slot(pg: PgDatabase) -> None:
+    """The same order of commits, but the keepalive is the server's own: a walsender blocked
+    amid A on a consumer busy elsewhere asks for a reply after half of ``wal_sender_timeout``
+    without a status. Its WAL end (past T2) must not be reported as flushed when only T1 was
+    confirmed; psycopg2's replication loop reported it (the last message, within A, began
+    before T1's end), and a crash then would have lost T2."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    with pg.connect(autocommit=False) as a:
+        a.execute(
+            "INSERT INTO t SELECT g, repeat('x', 1000) FROM generate_series(1000000, 1040000) g"
+        )
+        pg.execute("INSERT INTO t VALUES (1, 'T1')")
+        pg.execute("INSERT INTO t VALUES (2, 'T2')")
+        a.commit()
+    dsn = pg.dsn(options="-c wal_sender_timeout=4s")
+    session = ReplicationSession(dsn, "s", StreamOptions(("pub",)), status_interval=30.0)
+    ends: list[Lsn] = []
+    stalled = False
+    for event in session.events():
+        if not isinstance(event, WalData):
+            continue
+        kind = event.payload[:1]
+        if kind == b"C":
+            ends.append(Lsn(struct.unpack_from("!Q", event.payload, 10)[0]))
+            if len(ends) == 1:
+                session.confirm(ends[0])
+                session.request_status(reply=False)
+            if len(ends) == 3:
+                break
+        elif kind == b"I" and len(ends) == 2 and not stalled:
+            # amid A, which began before T1's end: busy for longer than half the timeout
+            stalled = True
+            time.sleep(3)
+    assert stalled
+    row = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots")
+    session.close()
+    assert str(row[0][0]) == str(ends[0]), (row, ends)
     row = pg.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots")
     assert str(row[0][0]) == str(ends[0]), (row, ends)

@@ -1,9 +1,9 @@
 """The replication session: read a logical slot's pgoutput stream from PostgreSQL.
 
-* ``ReplicationSession`` streams a slot over a replication connection (psycopg2, kept behind
-  ``transport.ReplicationTransport``), reports progress, and reconnects; ``SqlSlotReader`` reads
-  the same stream through the SQL interface. Both yield ``WalData``, ``Idle`` and
-  ``Reconnected`` events and take ``confirm(lsn)``.
+* ``ReplicationSession`` streams a slot over a replication connection (libpq through psycopg
+  3's ``pq``, kept behind ``transport.ReplicationTransport``), reports progress, and
+  reconnects; ``SqlSlotReader`` reads the same stream through the SQL interface. Both yield
+  ``WalData``, ``Idle`` and ``Reconnected`` events and take ``confirm(lsn)``.
 * ``create_slot`` / ``create_slot_with_snapshot`` / ``drop_slot`` / ``slot_info`` manage slots;
   ``create_publication`` / ``drop_publication`` / ``publication_info`` manage publications.
 * ``copy.CopyConnection`` reads a ``COPY ... TO STDOUT`` (the initial copy's tables) through a

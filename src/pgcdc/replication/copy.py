@@ -4,8 +4,8 @@ PostgreSQL sends every tuple of a COPY in a CopyData message of its own. psycopg
 message to Python through a generator and its wait loop (about 1 µs a message on a small
 machine, as much as decoding the tuple); psycopg2's copy loop is C and only calls the caller's
 ``write`` with each message's bytes. ``CopyConnection`` is a psycopg2 connection for one
-transaction: a few ordinary statements (``execute``), then ``copy_out``. Besides ``transport``
-(the replication connection), it is the only module that imports psycopg2.
+transaction: a few ordinary statements (``execute``), then ``copy_out``. It is the only module
+that imports psycopg2.
 
 Errors: a connection that cannot be made raises the ``ReplicationError`` that ``connect_sql``
 raises for the same failure (a refused login, an unreachable server, ...); a statement that
@@ -25,9 +25,21 @@ from psycopg import sql
 
 from pgcdc.replication.errors import ReplicationError, describe_server, dsn_user
 from pgcdc.replication.failures import classify
-from pgcdc.replication.transport import driver_message
 
 __all__ = ["CopyConnection", "StatementError"]
+
+
+def driver_message(exc: BaseException) -> str:
+    """A psycopg2 error's message on one line, with the server's DETAIL and HINT."""
+    text = str(exc) or type(exc).__name__
+    diag = getattr(exc, "diag", None)
+    detail = getattr(diag, "message_detail", None) if diag is not None else None
+    hint = getattr(diag, "message_hint", None) if diag is not None else None
+    if detail and detail not in text:
+        text = f"{text.rstrip()} DETAIL: {detail}"
+    if hint and hint not in text:
+        text = f"{text.rstrip()} HINT: {hint}"
+    return " ".join(text.split())
 
 
 class StatementError(ReplicationError):

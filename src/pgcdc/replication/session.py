@@ -9,10 +9,9 @@ flush = apply = last ``confirm()``-ed, never advanced on receipt alone; while no
 unconfirmed, the server's WAL end is acknowledged, so an idle or fully filtered slot does not
 keep WAL. A status goes out at least every ``status_interval`` seconds; while nothing is pending
 it asks the server for a keepalive, whose WAL end the next status acknowledges. Keepalives that
-request a reply are answered at once by the transport (psycopg2 does it inside
-``read_message``), as long as the consumer keeps iterating: a consumer that blocks for longer
-than the server's ``wal_sender_timeout`` between two events gets disconnected (and the session
-reconnects).
+request a reply are answered at once by the transport (inside its ``read``), as long as the
+consumer keeps iterating: a consumer that blocks for longer than the server's
+``wal_sender_timeout`` between two events gets disconnected (and the session reconnects).
 
 A server shutting down (``pg_ctl stop``/``restart``, fast or smart) keeps each walsender until
 its client reports everything sent as flushed, asking for a reply again and again (walsender.c,
@@ -64,7 +63,7 @@ from pgcdc.replication.publication import missing_publications
 from pgcdc.replication.reconnect import Backoff, ReconnectPolicy
 from pgcdc.replication.slot import ACTIVE_WAIT_SECONDS, check_slot_name, require_usable_slot
 from pgcdc.replication.transport import (
-    Psycopg2Transport,
+    LibpqTransport,
     ReplicationTransport,
     TransportError,
     TransportFactory,
@@ -115,7 +114,7 @@ class ReplicationSession:
         connect_timeout: float = 10.0,
         temporary_slot: bool = False,
         acknowledge: bool = True,
-        transport_factory: TransportFactory = Psycopg2Transport,
+        transport_factory: TransportFactory = LibpqTransport,
         slot_wait: float = ACTIVE_WAIT_SECONDS,
     ) -> None:
         check_slot_name(slot)
@@ -250,11 +249,9 @@ class ReplicationSession:
     def request_status(self, *, reply: bool = True) -> None:
         """Send a status update now; with ``reply``, ask the server for an immediate keepalive.
 
-        A keepalive that arrives while psycopg2's last message began at or before the last
-        confirmed position makes psycopg2 report the server's WAL end as flushed from then on,
-        past transactions received but not confirmed (their messages start at their first
-        LSN, before positions confirmed since): ask for one only when nothing unconfirmed was
-        received, or when reporting that WAL end is harmless.
+        The keepalive is answered with the positions of this status, like every keepalive;
+        its WAL end is reported as flushed only by a later status, and only while nothing
+        received is unconfirmed (``FeedbackTracker``).
         """
         transport = self._transport
         if transport is None or self._tracker is None:
@@ -314,7 +311,7 @@ class ReplicationSession:
                 tracker.note_wal_end(wal_end)
                 if wal_end != self._last_data_end:
                     # a keepalive moved the WAL end: report it as written at once (a walsender
-                    # shutting down waits for that; psycopg2's own reply repeats older values)
+                    # shutting down waits for that; the transport's reply repeats older values)
                     self._status_or_lose(transport, reply=False)
                     continue
             if now >= self._next_status:
@@ -582,7 +579,7 @@ class ReplicationSession:
                 self._tracker = FeedbackTracker(start, acknowledge=self.acknowledge)
             resume = self._resume_lsn()
             transport.start(self.slot, resume, resolved.pairs, self.status_interval)
-            # prime the transport's positions (psycopg2 answers keepalives with them)
+            # prime the transport's positions (it answers keepalives with them)
             self._send_status(transport, reply=False)
         except TransportError as exc:
             transport.close()

@@ -32,7 +32,7 @@ from pgcdc.replication.errors import (
 )
 from pgcdc.replication.failures import classify
 from pgcdc.replication.transport import (
-    Psycopg2Transport,
+    LibpqTransport,
     ReplicationTransport,
     TransportError,
     TransportFactory,
@@ -340,7 +340,7 @@ def create_slot_with_snapshot(
     two_phase: bool = False,
     temporary: bool = False,
     connect_timeout: float = 10.0,
-    transport_factory: TransportFactory = Psycopg2Transport,
+    transport_factory: TransportFactory = LibpqTransport,
 ) -> ExportedSnapshot:
     """``CREATE_REPLICATION_SLOT name [TEMPORARY] LOGICAL pgoutput (SNAPSHOT 'export')``.
 

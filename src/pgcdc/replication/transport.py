@@ -2,42 +2,45 @@
 
 ``ReplicationTransport`` is everything the session needs from a replication connection: run a
 replication command, start streaming, read one message without blocking, wait for the socket,
-send a standby status update. ``Psycopg2Transport`` implements it with psycopg2's
-``LogicalReplicationConnection``; this is the only module of pgcdc that imports psycopg2, so the
-codec and everything above never see it. Driver errors leave this module as ``TransportError``
-(SQLSTATE and scrubbed message), which ``pgcdc.replication.failures`` turns into
-``ReplicationError`` subclasses.
+send a standby status update. ``LibpqTransport`` implements it on libpq through psycopg 3's
+``pq`` wrapper: the COPY BOTH stream of the streaming replication protocol, its XLogData
+('w') and primary keepalive ('k') messages parsed here, and standby status updates ('r') built
+here. Driver errors leave this module as ``TransportError`` (SQLSTATE and scrubbed message),
+which ``pgcdc.replication.failures`` turns into ``ReplicationError`` subclasses.
 
-psycopg2 answers keepalives that request a reply inside ``read_message`` (with the positions of
-the last status sent), and itself reports the server's WAL end as flushed after a keepalive when
-the last message received is at or before the last flush position sent: the same rule as
-``FeedbackTracker``. It does not tell that a keepalive asked for a reply; the transport counts
-such replies (``reply_requests``) from the time of the last status psycopg2 sent: one sent
-sooner than its own status interval after the previous one can only be such a reply. A
-walsender asks for one after half of ``wal_sender_timeout`` without a status, and, at a server's
-shutdown, again and again until the client reports everything sent as flushed.
+A keepalive that asks for a reply is answered inside ``read`` with exactly the positions of the
+last status the session sent, never more: the flush position is the session's alone. (psycopg2's
+replication loop, used before, reported the keepalive's WAL end as flushed whenever the last
+message received began at or before the last flush position sent. pgoutput's messages begin at
+their transaction's first LSN, so one amid a transaction that began before a confirmed commit
+made it acknowledge later commits not yet durable.) ``reply_requests`` counts those replies: a
+walsender asks for one after half of ``wal_sender_timeout`` without a status, and, at a
+server's shutdown, again and again until the client reports everything sent as flushed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
+import logging
 import select
+import struct
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import psycopg2
-import psycopg2.extensions
-import psycopg2.extras
-from psycopg import sql
+import psycopg
+from psycopg import pq, sql
+from psycopg._encodings import pg2pyenc  # the name psycopg itself maps server encodings with
+from psycopg.conninfo import make_conninfo
 
 from pgcdc.errors import PgcdcError
 from pgcdc.lsn import Lsn
 from pgcdc.replication.errors import scrub_secrets
 from pgcdc.replication.events import WalData
 
+log = logging.getLogger("pgcdc.replication")
+
 __all__ = [
-    "Psycopg2Transport",
+    "LibpqTransport",
     "ReplicationTransport",
     "TransportError",
     "TransportFactory",
@@ -142,74 +145,171 @@ def start_replication_command(slot: str, start_lsn: Lsn, options: Sequence[tuple
     return text.as_string()
 
 
-def driver_message(exc: BaseException) -> str:
-    """A psycopg2 error's message on one line, with the server's DETAIL and HINT."""
-    text = str(exc) or type(exc).__name__
-    diag = getattr(exc, "diag", None)
-    detail = getattr(diag, "message_detail", None) if diag is not None else None
-    hint = getattr(diag, "message_hint", None) if diag is not None else None
-    if detail and detail not in text:
-        text = f"{text.rstrip()} DETAIL: {detail}"
-    if hint and hint not in text:
-        text = f"{text.rstrip()} HINT: {hint}"
-    return " ".join(text.split())
+# The streaming replication protocol's CopyData messages (protocol-replication.html):
+# XLogData: Byte1('w') Int64 dataStart Int64 walEnd Int64 sendTime, then the message.
+# Primary keepalive: Byte1('k') Int64 walEnd Int64 sendTime Byte1 replyRequested.
+# Standby status update: Byte1('r') Int64 write Int64 flush Int64 apply Int64 clock Byte1 reply.
+_XLOG_DATA = ord("w")
+_KEEPALIVE = ord("k")
+_XLOG_HEADER = 25
+_keepalive = struct.Struct("!QQB")
+_two_lsns = struct.Struct("!QQ")
+_status = struct.Struct("!cQQQqB")
+_EPOCH_2000 = 946_684_800  # the protocol's clock counts microseconds from 2000-01-01 UTC
 
 
-def _wrap(exc: BaseException, phase: str, lost: bool) -> TransportError:
-    sqlstate = getattr(exc, "pgcode", None)
-    return TransportError(driver_message(exc), sqlstate=sqlstate, phase=phase, lost=lost)
+def _server_error(
+    result: pq.abc.PGresult | None, conn: pq.abc.PGconn | None
+) -> tuple[str, str | None]:
+    """The error of a failed result (or the connection's own) on one line, with its DETAIL and
+    HINT, without the severity prefix; and its SQLSTATE."""
+    if result is None or not result.error_message:
+        text = conn.get_error_message() if conn is not None else ""
+        return " ".join(text.split()) or "the connection to the server was lost", None
+
+    def field(code: pq.DiagnosticField) -> str | None:
+        value = result.error_field(code)
+        return value.decode("utf-8", "replace") if value else None
+
+    text = field(pq.DiagnosticField.MESSAGE_PRIMARY) or result.get_error_message()
+    for label, code in (
+        ("DETAIL", pq.DiagnosticField.MESSAGE_DETAIL),
+        ("HINT", pq.DiagnosticField.MESSAGE_HINT),
+    ):
+        value = field(code)
+        if value:
+            text = f"{text.rstrip()} {label}: {value}"
+    return " ".join(text.split()), field(pq.DiagnosticField.SQLSTATE)
 
 
-class Psycopg2Transport:
-    """``ReplicationTransport`` over psycopg2's ``LogicalReplicationConnection``."""
+def _cell(value: bytes | None, oid: int) -> Any:
+    """A replication command's result value: the commands return text, int4 and int8 columns."""
+    if value is None:
+        return None
+    if oid in (20, 21, 23):
+        return int(value)
+    return value.decode("utf-8", "replace")
 
-    __slots__ = ("_conn", "_cur", "_feedback", "_interval", "_replies")
+
+class LibpqTransport:
+    """``ReplicationTransport`` on libpq, through psycopg 3's ``pq`` wrapper.
+
+    Every libpq call that may wait is non-blocking and waited on here with ``select``: psycopg's
+    ``pq`` keeps the GIL in blocking ones (PQconnectdb, PQexec), which would stop every other
+    thread of the process for as long as the server takes (CREATE_REPLICATION_SLOT waits for
+    running transactions to end).
+    """
+
+    __slots__ = ("_conn", "_encoding", "_finished", "_positions", "_replies", "_wal_end")
 
     def __init__(self, dsn: str, *, connect_timeout: float = 10.0) -> None:
+        timeout = max(1, round(connect_timeout))
         try:
-            self._conn: Any = psycopg2.connect(
-                dsn,
-                connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                connect_timeout=max(1, round(connect_timeout)),
-            )
-        except psycopg2.Error as exc:
-            raise _wrap(exc, "connect", lost=True) from None
-        self._cur: Any = self._conn.cursor()
-        self._interval = 0.0  # psycopg2's own status interval, once streaming
-        self._feedback: datetime.datetime | None = None  # its last status sent, as last seen
+            conninfo = make_conninfo(dsn, replication="database", connect_timeout=str(timeout))
+        except psycopg.Error as exc:  # a malformed DSN
+            raise TransportError(str(exc), sqlstate=None, phase="connect", lost=True) from None
+        self._conn = pq.PGconn.connect_start(conninfo.encode())
+        self._finished = False
+        self._encoding = "utf-8"
+        self._wal_end = 0
+        self._positions = (0, 0, 0)  # write, flush, apply: the last status the session sent
         self._replies = 0
+        try:
+            self._connect(timeout)
+        except TransportError:
+            self.close()
+            raise
+        # server notices (a WARNING about a slot, say) go to the log, not to stderr
+        self._conn.notice_handler = _log_notice
+        self._conn.nonblocking = 1
+        self._encoding = pg2pyenc(self._conn.parameter_status(b"client_encoding") or b"UTF8")
+
+    def _connect(self, timeout: float) -> None:
+        conn = self._conn
+        deadline = time.monotonic() + timeout
+        status = pq.PollingStatus.WRITING
+        while status != pq.PollingStatus.OK:
+            if status == pq.PollingStatus.FAILED or conn.status == pq.ConnStatus.BAD:
+                message, _ = _server_error(None, conn)
+                raise TransportError(message, sqlstate=None, phase="connect", lost=True)
+            if status != pq.PollingStatus.ACTIVE:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._ready(status == pq.PollingStatus.WRITING, left):
+                    host = conn.host.decode(errors="replace")
+                    raise TransportError(
+                        f'connection to server at "{host}" failed: timeout expired',
+                        sqlstate=None,
+                        phase="connect",
+                        lost=True,
+                    )
+            status = pq.PollingStatus(conn.connect_poll())
+
+    def _ready(self, write: bool, timeout: float) -> bool:
+        """Wait for the socket to be writable (or readable); whether it became so in time."""
+        sock = self._conn.socket
+        if write:
+            _, ready, _ = select.select([], [sock], [], max(timeout, 0.0))
+        else:
+            ready, _, _ = select.select([sock], [], [], max(timeout, 0.0))
+        return bool(ready)
+
+    def _execute(self, text: str, phase: str) -> pq.abc.PGresult:
+        """Send one command and wait for its (first) result."""
+        conn = self._conn
+        try:
+            conn.send_query(text.encode(self._encoding))
+            while conn.flush():  # 1: not all sent yet
+                self._ready(True, 1.0)
+            while conn.is_busy():
+                self._ready(False, 1.0)
+                conn.consume_input()
+            result = conn.get_result()
+            if result is None:
+                raise TransportError(
+                    "the server returned no result", sqlstate=None, phase=phase, lost=True
+                )
+            if result.status != pq.ExecStatus.COPY_BOTH:
+                while conn.get_result() is not None:  # up to the end of the query's results
+                    pass
+            return result
+        except (psycopg.Error, OSError) as exc:
+            raise self._broken(exc, phase) from None
+
+    def _broken(self, exc: psycopg.Error | OSError, phase: str) -> TransportError:
+        """libpq failed on the connection itself (psycopg's ``pq`` raises for it)."""
+        self.close()
+        return TransportError(" ".join(str(exc).split()), sqlstate=None, phase=phase, lost=True)
 
     @property
     def reply_requests(self) -> int:
         return self._replies
 
-    def _note_feedback(self) -> None:
-        """Count a status psycopg2 sent since the last one seen, if it was a reply: its own
-        periodic status comes only ``status_interval`` after the previous one."""
-        sent = self._cur.feedback_timestamp
-        seen, self._feedback = self._feedback, sent
-        if seen is not None and sent != seen and (sent - seen).total_seconds() < self._interval:
-            self._replies += 1
-
     @property
     def server_version(self) -> int:
-        version: int = self._conn.server_version
-        return version
+        return self._conn.server_version
 
     @property
     def wal_end(self) -> Lsn:
-        return _lsn(Lsn, self._cur.wal_end)
+        return _lsn(Lsn, self._wal_end)
 
     @property
     def closed(self) -> bool:
-        return bool(self._conn.closed)
+        return self._finished or self._conn.status == pq.ConnStatus.BAD
 
     def command(self, text: str) -> list[tuple[Any, ...]]:
-        try:
-            self._cur.execute(text)
-            return list(self._cur.fetchall()) if self._cur.description else []
-        except psycopg2.Error as exc:
-            raise _wrap(exc, "command", lost=bool(self._conn.closed)) from None
+        result = self._execute(text, "command")
+        if result.status == pq.ExecStatus.TUPLES_OK:
+            types = [result.ftype(col) for col in range(result.nfields)]
+            return [
+                tuple(
+                    _cell(result.get_value(row, col), types[col]) for col in range(result.nfields)
+                )
+                for row in range(result.ntuples)
+            ]
+        if result.status == pq.ExecStatus.COMMAND_OK:
+            return []
+        message, sqlstate = _server_error(result, self._conn)
+        raise TransportError(message, sqlstate=sqlstate, phase="command", lost=self.closed)
 
     def start(
         self,
@@ -218,49 +318,93 @@ class Psycopg2Transport:
         options: Sequence[tuple[str, str]],
         status_interval: float,
     ) -> None:
-        command = start_replication_command(slot, start_lsn, options)
-        try:
-            # psycopg2 also sends periodic updates itself; it refuses intervals below 1s
-            self._interval = max(1.0, status_interval)
-            self._cur.start_replication_expert(
-                command, decode=False, status_interval=self._interval
-            )
-        except psycopg2.Error as exc:
-            raise _wrap(exc, "start", lost=bool(self._conn.closed)) from None
+        result = self._execute(start_replication_command(slot, start_lsn, options), "start")
+        if result.status != pq.ExecStatus.COPY_BOTH:
+            message, sqlstate = _server_error(result, self._conn)
+            raise TransportError(message, sqlstate=sqlstate, phase="start", lost=self.closed)
 
     def read(self) -> WalData | None:
         try:
-            msg = self._cur.read_message()
-        except psycopg2.Error as exc:
-            # errors while streaming end the COPY: the connection is no longer usable for it
-            raise _wrap(exc, "stream", lost=True) from None
-        if msg is None:
-            # only here, not for each message: a walsender waiting for a reply sends no data
-            self._note_feedback()
-            return None
-        return WalData(_lsn(Lsn, msg.data_start), _lsn(Lsn, msg.wal_end), msg.payload)
+            return self._read()
+        except (psycopg.Error, OSError) as exc:
+            raise self._broken(exc, "stream") from None
+
+    def _read(self) -> WalData | None:
+        conn = self._conn
+        consumed = False
+        while True:
+            size, data = conn.get_copy_data(1)
+            if size > 0:
+                kind = data[0]
+                if kind == _XLOG_DATA:
+                    start, end = _two_lsns.unpack_from(data, 1)
+                    self._wal_end = max(self._wal_end, end)
+                    return WalData(_lsn(Lsn, start), _lsn(Lsn, end), bytes(data[_XLOG_HEADER:]))
+                if kind == _KEEPALIVE:
+                    end, _, reply = _keepalive.unpack_from(data, 1)
+                    self._wal_end = max(self._wal_end, end)
+                    if reply:
+                        self._send(*self._positions, reply=False)
+                        self._replies += 1
+                    continue
+                raise TransportError(
+                    f"the server sent a replication message of unknown type {kind!r}",
+                    sqlstate=None,
+                    phase="stream",
+                    lost=True,
+                )
+            if size == 0:
+                if consumed:
+                    return None
+                conn.consume_input()
+                consumed = True
+                continue
+            self._ended()
+
+    def _ended(self) -> None:
+        """The COPY ended (the server's error, or its CopyDone): raise."""
+        result = self._conn.get_result()
+        while self._conn.get_result() is not None:  # the connection is done with anyway
+            pass
+        if result is not None and result.status in (
+            pq.ExecStatus.FATAL_ERROR,
+            pq.ExecStatus.NONFATAL_ERROR,
+        ):
+            message, sqlstate = _server_error(result, self._conn)
+        else:
+            message, sqlstate = "the server ended the replication stream", None
+        self.close()
+        raise TransportError(message, sqlstate=sqlstate, phase="stream", lost=True)
 
     def wait(self, timeout: float) -> bool:
         try:
-            readable, _, _ = select.select([self._conn], [], [], max(timeout, 0.0))
-        except (OSError, ValueError, psycopg2.Error) as exc:
-            raise _wrap(exc, "stream", lost=True) from None
-        return bool(readable)
+            return self._ready(False, timeout)
+        except (OSError, ValueError, psycopg.Error) as exc:
+            self.close()
+            raise TransportError(str(exc), sqlstate=None, phase="stream", lost=True) from None
 
     def send_status(self, write: Lsn, flush: Lsn, apply: Lsn, *, reply: bool = False) -> None:
+        self._positions = (int(write), int(flush), int(apply))
+        self._send(*self._positions, reply=reply)
+
+    def _send(self, write: int, flush: int, apply: int, *, reply: bool) -> None:
+        clock = int((time.time() - _EPOCH_2000) * 1_000_000)
+        message = _status.pack(b"r", write, flush, apply, clock, 1 if reply else 0)
+        conn = self._conn
         try:
-            self._cur.send_feedback(
-                write_lsn=int(write),
-                flush_lsn=int(flush),
-                apply_lsn=int(apply),
-                reply=reply,
-                force=True,
-            )
-        except psycopg2.Error as exc:
-            raise _wrap(exc, "stream", lost=True) from None
-        self._feedback = self._cur.feedback_timestamp  # ours: not a reply
+            while not conn.put_copy_data(message):  # 0: libpq's buffer is full, for now
+                self._ready(True, 1.0)
+            while conn.flush():  # 1: not all sent yet
+                self._ready(True, 1.0)
+        except (psycopg.Error, OSError) as exc:
+            raise self._broken(exc, "stream") from None
 
     def close(self) -> None:
-        if not self._conn.closed:
-            with contextlib.suppress(psycopg2.Error):
-                self._conn.close()
+        if not self._finished:
+            self._finished = True
+            self._conn.finish()
+
+
+def _log_notice(result: pq.abc.PGresult) -> None:
+    message, sqlstate = _server_error(result, None)
+    log.info("server notice (%s): %s", sqlstate, message)

@@ -283,9 +283,7 @@ class Receiver:
             target = self._confirm_target
             if target > self._confirmed and self.progress >= target:
                 session.confirm(Lsn(target))
-                # now: the process may be ended at any moment. No keepalive asked for: one
-                # arriving amid a transaction that began before ``target`` would make psycopg2
-                # report the WAL end as flushed, past batches Spark has not committed
+                # now: the process may be ended at any moment
                 session.request_status(reply=False)
                 self._confirmed = target
                 with lock:
