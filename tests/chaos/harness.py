@@ -326,19 +326,27 @@ def check_lake(config: PipelineConfig, audit: dict[int, AuditTxn]) -> LakeReport
 
 
 class WorkloadThread:
-    """The randomized workload, running until stopped (schema changes once, if asked)."""
+    """The randomized workload, running until stopped (schema changes once, if asked), and
+    beside it a second writer whose transactions stay open while the first commits several:
+    their messages then begin before commits already received (and perhaps confirmed)."""
 
     def __init__(self, dsn: str, seed: int, schema_change_after: int | None) -> None:
         self.workload = Workload(dsn, seed=seed)
         self.rng = random.Random(seed + 1)
+        self.overlap_rng = random.Random(seed + 2)
         self.schema_change_after = schema_change_after
         self.transactions = 0
+        self.overlapping = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chaos-workload", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._run, name="chaos-workload", daemon=True),
+            threading.Thread(target=self._overlap, name="chaos-overlap", daemon=True),
+        ]
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def _run(self) -> None:
         try:
@@ -357,9 +365,34 @@ class WorkloadThread:
         except BaseException as exc:
             self.error = exc
 
+    def _overlap(self) -> None:
+        """Long transactions on ``bulk`` (no other writer touches it: no lock waits)."""
+        r = self.overlap_rng
+        next_id = 10_000_000
+        try:
+            with psycopg.connect(self.workload.dsn, autocommit=True) as conn:
+                while not self._stop.is_set():
+                    with conn.transaction():
+                        for _ in range(r.randint(1, 3)):
+                            conn.execute(
+                                "INSERT INTO bulk VALUES (%s, %s)", (next_id, f"overlap {next_id}")
+                            )
+                            next_id += 1
+                            conn.execute(
+                                "UPDATE bulk SET payload = payload || '+' WHERE id = "
+                                "(SELECT id FROM bulk ORDER BY random() LIMIT 1)"
+                            )
+                            # open while the other writer commits a few transactions
+                            self._stop.wait(r.uniform(0.2, 2.0))
+                    self.overlapping += 1
+                    self._stop.wait(r.uniform(0.0, 0.5))
+        except BaseException as exc:
+            self.error = exc
+
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(120)
+        for thread in self._threads:
+            thread.join(120)
         if self.error is not None:
             raise AssertionError(f"the workload failed: {self.error!r}") from self.error
 
@@ -470,7 +503,7 @@ def run_chaos(
             say(event)
     finally:
         workload.stop()
-    report.transactions = workload.transactions
+    report.transactions = workload.transactions + workload.overlapping
     proc = start_run(config, log, until_caught_up=True, verify=True)
     try:
         code = proc.wait(600)
