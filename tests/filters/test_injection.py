@@ -289,11 +289,6 @@ def test_only_the_printer_makes_row_filter_sql() -> None:
 
 #: Every sql.SQL() of something other than a string constant in src, and why it is safe.
 _SQL_FROM_VALUES = {
-    (
-        "replication/source_catalog.py",
-        "type_name",
-    ): "format_type() of the column's type, from the catalog",
-    ("replication/source_catalog.py", "'::text' if as_text else ''"): "constants",
     ("lake/verify.py", "where.text"): "a RowFilterSQL",
     ("replication/publication.py", "self.where.text"): "a RowFilterSQL",
     ("replication/publication.py", "'true' if via_partition_root else 'false'"): "constants",

@@ -5,6 +5,7 @@ have it."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,15 @@ from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror
 
 pytestmark = pytest.mark.slow
 
-ADDED = {"extra": 7, "tags": ["a,b", None], "note": "x, {y}"}
+ADDED = {
+    "extra": 7,
+    "tags": ["a,b", None],
+    "note": "x, {y}",
+    "amount": Decimal("7.500"),
+    "code": "ab  ",
+    "feel": "ok",
+    "pos": 3,
+}
 
 
 @newest_server
@@ -36,10 +45,17 @@ def test_rows_written_before_add_column_read_its_default(
     # written before the column exists, read in one batch with rows that have it
     pg.execute("INSERT INTO t VALUES (3, 'before')")
     pg.execute("UPDATE t SET v = 'updated before' WHERE id = 1")
+    # types with a typmod, an enum, and a domain in a schema whose name needs quoting (one
+    # without constraints: with one, ADD COLUMN rewrites the table, see the README's limits)
+    pg.execute("CREATE TYPE feeling AS ENUM ('sad', 'ok')")
+    pg.execute('CREATE SCHEMA "Odd Types"')
+    pg.execute('CREATE DOMAIN "Odd Types"."pos Int" AS int')
     pg.execute(
         "ALTER TABLE t ADD COLUMN extra bigint DEFAULT 7, "
         "ADD COLUMN tags text[] DEFAULT '{\"a,b\",NULL}', ADD COLUMN note text DEFAULT 'x, {y}', "
-        "ADD COLUMN plain text"
+        "ADD COLUMN plain text, ADD COLUMN amount numeric(12,3) DEFAULT 7.5, "
+        "ADD COLUMN code char(4) DEFAULT 'ab', ADD COLUMN feel feeling DEFAULT 'ok', "
+        'ADD COLUMN pos "Odd Types"."pos Int" DEFAULT 3'
     )
     pg.execute("INSERT INTO t VALUES (4, 'after', 1, NULL, NULL, 'p')")
     pg.execute("UPDATE t SET v = 'updated after' WHERE id = 2")

@@ -541,31 +541,37 @@ def missing_values(
 ) -> dict[str, Any]:
     """The values PostgreSQL gives existing rows in ``columns`` without storing them (a
     constant ``ADD COLUMN ... DEFAULT``: ``pg_attribute.attmissingval``), as Python values for
-    the lake's Arrow types. Columns without one, or whose value does not convert, are left out.
+    the lake's Arrow types: decoded from the value's text as the stream's rows are, so that rows
+    already in the lake and rows still in the stream read the same. Columns without one, or
+    whose value does not convert, are left out.
     """
     if not columns:
         return {}
+    from pgcdc.spark.catalog import load_catalog
+    from pgcdc.spark.schema import missing_array, registry_for
+
+    catalog = load_catalog(dsn, tables=[(table.schema, table.name)])
+    source = catalog.table(table.schema, table.name)
+    registry = registry_for(catalog)
     found: dict[str, Any] = {}
-    with connect_sql(dsn) as conn:
-        typed = source_catalog.missing_value_types(conn, table.schema, table.name, list(columns))
-        for name, type_name in typed:
-            arrow = columns[name]
-            as_text = pa.types.is_string(arrow) or pa.types.is_large_string(arrow)
-            try:
-                value = source_catalog.missing_value(
-                    conn, table.schema, table.name, name, type_name, as_text=as_text
-                )
-                pa.scalar(value, type=arrow)
-            except (psycopg.Error, pa.ArrowException, TypeError, ValueError):
-                log.warning(
-                    "%s: existing rows' value of added column %s cannot be copied to the lake "
-                    "(they read NULL there)",
-                    table.table_id,
-                    name,
-                )
-                continue
-            if value is not None:
-                found[name] = value
+    for name, arrow in columns.items():
+        column = source.column(name) if source is not None else None
+        if column is None or column.missing is None:
+            continue
+        try:
+            array = missing_array(column, registry, arrow)
+            value = None if array is None else array[0].as_py()
+            pa.scalar(value, type=arrow)
+        except (TypeError, ValueError, ArithmeticError, pa.ArrowException):
+            log.warning(
+                "%s: existing rows' value of added column %s cannot be copied to the lake "
+                "(they read NULL there)",
+                table.table_id,
+                name,
+            )
+            continue
+        if value is not None:
+            found[name] = value
     return found
 
 

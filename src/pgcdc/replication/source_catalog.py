@@ -31,9 +31,7 @@ __all__ = [
     "current_user",
     "existing_publications",
     "key_indexes",
-    "missing_value",
     "missing_value_texts",
-    "missing_value_types",
     "partition_ancestors",
     "published_tables",
     "read_columns",
@@ -189,46 +187,6 @@ def current_columns(conn: psycopg.Connection[Any], schema: str, name: str) -> li
         (sql.Identifier(schema, name).as_string(conn),),
     ).fetchall()
     return [str(r[0]) for r in rows]
-
-
-def missing_value_types(
-    conn: psycopg.Connection[Any], schema: str, name: str, columns: Sequence[str]
-) -> list[tuple[str, str]]:
-    """Of ``columns``, those with a missing value (a constant ``ADD COLUMN ... DEFAULT``: rows
-    written before read it without storing it), with their type as ``format_type`` prints it."""
-    from psycopg import sql
-
-    rows = conn.execute(
-        "SELECT a.attname::text, pg_catalog.format_type(a.atttypid, a.atttypmod) "
-        "FROM pg_catalog.pg_attribute a WHERE a.attrelid = %s::regclass AND a.atthasmissing "
-        "AND NOT a.attisdropped AND a.attname = ANY(%s)",
-        (sql.Identifier(schema, name).as_string(conn), list(columns)),
-    ).fetchall()
-    return [(str(c), str(t)) for c, t in rows]
-
-
-def missing_value(
-    conn: psycopg.Connection[Any],
-    schema: str,
-    name: str,
-    column: str,
-    type_name: str,
-    *,
-    as_text: bool,
-) -> Any:
-    """A column's missing value, read back as ``type_name`` (a ``format_type`` output, so a
-    valid quoted type name), as text when ``as_text``; raises ``psycopg.Error`` when it does
-    not convert."""
-    from psycopg import sql
-
-    # array_to_string of the one-element array: its element's text (arrays too), read back as
-    # the column's type
-    query = sql.SQL(
-        "SELECT (pg_catalog.array_to_string(a.attmissingval, ',')::{typ}){cast} "
-        "FROM pg_catalog.pg_attribute a WHERE a.attrelid = %s::regclass AND a.attname = %s"
-    ).format(typ=sql.SQL(type_name), cast=sql.SQL("::text" if as_text else ""))
-    row = conn.execute(query, (sql.Identifier(schema, name).as_string(conn), column)).fetchone()
-    return None if row is None else row[0]
 
 
 # -- tables, as the Spark source reads them ----------------------------------------------------

@@ -26,12 +26,11 @@ from pyspark.sql.types import StructType
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.arrow.columnar import ColumnarBatch, ColumnarDecoder, RelationBatch
 from pgcdc.protocol.messages import Relation, Truncate
-from pgcdc.protocol.values import to_arrow
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog
 from pgcdc.spark.conform import conform
 from pgcdc.spark.drift import Verdict, find_table, mismatch, normalize
 from pgcdc.spark.errors import SchemaChanged, SparkSourceError
-from pgcdc.spark.schema import TableLayout, arrow_output_schema, registry_for
+from pgcdc.spark.schema import TableLayout, arrow_output_schema, missing_array, registry_for
 
 __all__ = ["ChangeDecoder", "Label", "decode_transactions"]
 
@@ -134,18 +133,9 @@ class ChangeDecoder:
         if key not in self._missing:
             column = layout.table.column(field.name)
             value = None
-            if column is not None and column.missing is not None:
+            if column is not None:
                 try:
-                    value = conform(
-                        to_arrow(
-                            [column.missing],
-                            column.type_oid,
-                            column.type_modifier,
-                            self._registry,
-                            binary=False,
-                        ),
-                        field.type,
-                    )
+                    value = missing_array(column, self._registry, field.type)
                 except (TypeError, ValueError, ArithmeticError, pa.ArrowException):
                     raise SparkSourceError(
                         f"the value rows written before column {field.name!r} of "

@@ -67,9 +67,10 @@ from pyspark.sql.types import (
 )
 
 from pgcdc.protocol.arrow.typed_arrays import column_reader
-from pgcdc.protocol.values import TypeRegistry
+from pgcdc.protocol.values import TypeRegistry, to_arrow
 from pgcdc.protocol.values.adapt import UNKNOWN, plan_for
 from pgcdc.spark.catalog import CatalogColumn, CatalogTable, SourceCatalog
+from pgcdc.spark.conform import conform
 
 __all__ = [
     "INTERVAL_TYPE",
@@ -157,6 +158,21 @@ def parse_table_column(column: str) -> tuple[str, str] | None:
 def registry_for(catalog: SourceCatalog) -> TypeRegistry:
     """A type registry with the catalog's user types."""
     return TypeRegistry(catalog.types)
+
+
+def missing_array(
+    column: CatalogColumn, registry: TypeRegistry, target: pa.DataType
+) -> pa.Array | None:
+    """The column's missing value (``ADD COLUMN ... DEFAULT <constant>``: what rows written
+    before the column was added read) as a one-element array of ``target``, decoded from its
+    text as the stream's values are; None when it has none. Raises TypeError, ValueError,
+    ArithmeticError or ``pa.ArrowException`` when it does not convert."""
+    if column.missing is None:
+        return None
+    decoded = to_arrow(
+        [column.missing], column.type_oid, column.type_modifier, registry, binary=False
+    )
+    return conform(decoded, target)
 
 
 def codec_knows(type_oid: int, registry: TypeRegistry) -> bool:
