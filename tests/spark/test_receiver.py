@@ -19,6 +19,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from pgcdc.lsn import Lsn
+from pgcdc.protocol.message_types import MessageType, peek
 from pgcdc.replication import create_publication, create_slot_with_snapshot, slot_info
 from pgcdc.spark.catalog import load_catalog
 from pgcdc.spark.endpoint import fetch_messages
@@ -152,6 +153,48 @@ def test_reconnect_and_restart_keep_each_transaction_once(pg: PgDatabase):
     info = slot_info(pg.dsn(), "s")
     assert info is not None and info.confirmed_flush_lsn >= Lsn.parse(rest["end_lsn"])
     again.stop()
+
+
+def test_a_confirm_between_a_message_spooled_and_framed_keeps_it(pg: PgDatabase, tmp_path):
+    """Spark confirms a batch (releasing the spool below what is still needed) at any moment,
+    also between the receiver writing a message to the spool and the framer taking it. When
+    that message was the first of a streamed transaction's block, the release went past it,
+    and reading the transaction at its commit failed (spool range not available)."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    reader = _reader(pg, spoolDir=str(tmp_path), spoolSegmentBytes="64k")
+    start = reader.initialOffset()
+    receiver = reader._rt().receiver
+    pg.execute("INSERT INTO t VALUES (0, 'first')")
+    _wait_rows(receiver, 1)
+    with receiver.lock:
+        first = receiver.index.entry(0)
+    spool = receiver.spool
+    append = spool.append
+    state = {"in_block": False, "confirmed": False}
+
+    def append_then_confirm(payload: bytes) -> int:
+        offset = append(payload)
+        if state["confirmed"]:
+            return offset
+        if state["in_block"]:
+            # the block's first message, in the spool and not yet framed: Spark confirms now
+            receiver.confirm_through(first.end_lsn, first.commit_lsn, wait=0)
+            state["confirmed"] = True
+        elif peek(payload, in_stream=False).kind == MessageType.STREAM_START:
+            state["in_block"] = True
+        return offset
+
+    spool.append = append_then_confirm  # type: ignore[method-assign]
+    # more than logical_decoding_work_mem (64kB): streamed, over several spool segments
+    pg.execute("INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g")
+    _wait_rows(receiver, 5000)
+    assert state["confirmed"]
+    after = reader.latestOffset(start, ReadAllAvailable())
+    rows = _read_all(reader, reader.partitions(start, after))
+    assert sum(b.num_rows for b in rows) == 5000
+    reader.stop()
 
 
 def _labels(partitions: Any) -> list[tuple[int, ...]]:

@@ -39,7 +39,7 @@ from pgcdc.replication.reconnect import Backoff
 from pgcdc.spark.errors import SparkSourceError
 from pgcdc.spark.framer import Framer
 from pgcdc.spark.index import TransactionIndex
-from pgcdc.spark.spool import DEFAULT_SEGMENT_BYTES, Spool
+from pgcdc.spark.spool import DEFAULT_SEGMENT_BYTES, RECORD_HEADER, Spool
 
 __all__ = ["Receiver", "ReceiverSettings"]
 
@@ -83,6 +83,9 @@ class Receiver:
         self._confirmed = 0
         self._acked = 0  # the highest position sent to the server as flushed
         self._skip_through = 0
+        #: the spool offset after the last message the framer took (lock held): a message
+        #: written to the spool but not framed yet lies beyond it, whatever it is
+        self._framed_end = 0
         self._stop = threading.Event()
         self._session: ReplicationSession | None = None
         self._thread = threading.Thread(target=self._run, name="pgcdc-receiver", daemon=True)
@@ -173,7 +176,8 @@ class Receiver:
             self._skip_through = max(self._skip_through, commit_lsn)
             if self.framer is not None:
                 self.framer.skip_through = max(self.framer.skip_through, commit_lsn)
-            lows = [self.index.lowest_offset(), self.spool.size]
+            # not the spool's size: the receiver writes a message before it frames it
+            lows = [self.index.lowest_offset(), self._framed_end]
             if self.framer is not None:
                 lows.append(self.framer.open_low_offset())
             low = min(x for x in lows if x is not None)
@@ -265,6 +269,7 @@ class Receiver:
                     spool.flush()  # a committed transaction is readable before it is indexed
                 with lock:
                     entry = framer.feed(payload, offset)
+                    self._framed_end = offset + RECORD_HEADER.size + len(payload)
                     if entry is not None or framer.progress > self.progress:
                         self.progress = max(self.progress, framer.progress)
                         self.changed.notify_all()
