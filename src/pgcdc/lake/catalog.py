@@ -556,7 +556,24 @@ def missing_values(
     found: dict[str, Any] = {}
     for name, arrow in columns.items():
         column = source.column(name) if source is not None else None
-        if column is None or column.missing is None:
+        if column is None:
+            continue
+        if column.missing is None:
+            with connect_sql(dsn) as conn:
+                rewritten = source_catalog.written_when_added(conn, table.schema, table.name, name)
+            if rewritten:
+                from pgcdc.lake.failures import PipelineError  # it imports this module
+
+                raise PipelineError(
+                    f"{table.table_id} was rewritten when column {name!r} was added: its default "
+                    "is computed row by row (a volatile function, serial, identity, or a domain "
+                    "with constraints), and logical replication sends none of the values "
+                    "PostgreSQL wrote, so the lake's existing rows would read NULL there. Fix: "
+                    "copy the table again: run a new pipeline (another slot, publication and "
+                    "lake path), or `pgcdc drop` this one, move its lake away and run again; to "
+                    "avoid it, add the column without a default, then SET DEFAULT and UPDATE "
+                    "the rows in batches"
+                )
             continue
         try:
             array = missing_array(column, registry, arrow)

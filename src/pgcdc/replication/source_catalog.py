@@ -43,6 +43,7 @@ __all__ = [
     "server_identity",
     "table_columns",
     "user_tables",
+    "written_when_added",
 ]
 
 # -- the server --------------------------------------------------------------------------------
@@ -187,6 +188,30 @@ def current_columns(conn: psycopg.Connection[Any], schema: str, name: str) -> li
         (sql.Identifier(schema, name).as_string(conn),),
     ).fetchall()
     return [str(r[0]) for r in rows]
+
+
+def written_when_added(conn: psycopg.Connection[Any], schema: str, name: str, column: str) -> bool:
+    """Whether the transaction that added ``column`` (or last set its default) also wrote rows of
+    the table that are still there: an ``ADD COLUMN`` whose default is computed row by row (a
+    volatile function, serial, identity, a domain with constraints) rewrites the table in that
+    transaction, and logical decoding sends none of the rows it wrote. A column added without
+    a default, or given one later, has no such rows. Reads the table (until the first such row:
+    after a rewrite, at once)."""
+    from psycopg import sql
+
+    row = conn.execute(
+        sql.SQL(
+            "SELECT EXISTS (SELECT 1 FROM {table} t WHERE t.xmin IN ("
+            " SELECT a.xmin FROM pg_catalog.pg_attribute a"
+            " WHERE a.attrelid = %(rel)s::regclass AND a.attname = %(col)s"
+            " AND (a.atthasdef OR a.attidentity <> '')"
+            " UNION ALL SELECT d.xmin FROM pg_catalog.pg_attrdef d"
+            " JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
+            " WHERE a.attrelid = %(rel)s::regclass AND a.attname = %(col)s))"
+        ).format(table=sql.Identifier(schema, name)),
+        {"rel": sql.Identifier(schema, name).as_string(conn), "col": column},
+    ).fetchone()
+    return bool(row and row[0])
 
 
 # -- tables, as the Spark source reads them ----------------------------------------------------
