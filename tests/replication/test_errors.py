@@ -23,6 +23,7 @@ from pgcdc.replication import (
     StreamOptions,
     scrub_secrets,
 )
+from pgcdc.replication.errors import describe_server
 from tests.fix_pg import PgDatabase
 from tests.replication.streams import FAST, setup_table, slot_row, wait_for
 
@@ -117,6 +118,31 @@ def test_server_unreachable_without_leaking_the_password(
         _connect(ReplicationSession(uri, "s", OPTIONS))
     assert "S3cr3t" not in str(err.value)
     assert all("S3cr3t" not in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "secret"),
+    [
+        ("postgresql://cdc:S3cr%t!pw@127.0.0.1:1/app", "S3cr"),  # not percent-encoded
+        ("postgresql://cdc:hun ter2@127.0.0.1:1/app", "hun ter2"),
+        ("host=127.0.0.1 password=hunter2 secondhalf", "secondhalf"),  # a space in it
+        ("postgresql://cdc:Pa/ssW0rd@127.0.0.1:1/app", "ssW0rd"),  # a slash in it
+    ],
+    ids=["percent", "space-uri", "space-keyword", "slash"],
+)
+def test_a_connection_string_libpq_cannot_read_never_shows_its_password(
+    pg: PgDatabase, caplog: pytest.LogCaptureFixture, dsn: str, secret: str
+) -> None:
+    """libpq's parse errors quote the piece they stumbled on, and a password with a character
+    a URI reserves splits into host, port and database: none of it reaches a message or log."""
+    caplog.set_level(logging.DEBUG)
+    for source in _both(pg, dsn=dsn):
+        with pytest.raises(ReplicationError) as err:
+            _connect(source)
+        text = f"{err.value} {err.value!r}"
+        assert secret not in text, text
+    assert secret not in describe_server(dsn)
+    assert all(secret not in r.getMessage() for r in caplog.records)
 
 
 def test_scrub_secrets() -> None:

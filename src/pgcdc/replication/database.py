@@ -85,8 +85,11 @@ def with_codec_settings(dsn: str) -> str:
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     ours = " ".join(f"-c {name}={value}" for name, value in CODEC_OUTPUT_SETTINGS)
-    theirs = str(conninfo_to_dict(dsn).get("options") or "")
-    return make_conninfo(dsn, options=f"{theirs} {ours}".strip())
+    try:
+        theirs = str(conninfo_to_dict(dsn).get("options") or "")
+        return make_conninfo(dsn, options=f"{theirs} {ours}".strip())
+    except psycopg.Error as exc:  # the ReplicationError of a string libpq cannot read
+        raise_sql_error(exc, dsn)
 
 
 def connect_sql(dsn: str, *, connect_timeout: float = 10.0) -> psycopg.Connection[Any]:

@@ -44,8 +44,20 @@ _URI_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)([^@\s]*)(@)"
 _QUERY_PASSWORD = re.compile(r"(?i)([?&](?:ssl)?password=)([^&\s]*)")
 
 
+# libpq's (and psycopg's) complaints about a connection string it cannot read: they quote the
+# piece they stumbled on, which may be (part of) the password
+CONNINFO_ERROR = re.compile(
+    r"(?i)connection info string|connection option|percent-encoded|\bURI\b|unexpected spaces "
+    r"found in|invalid dsn"
+)
+_QUOTED_PIECE = re.compile(r'"[^\n]*"')
+
+
 def scrub_secrets(text: str) -> str:
-    """``text`` with every password of a connection string in it replaced by ``***``."""
+    """``text`` with every password of a connection string in it replaced by ``***``, and the
+    quoted pieces of a connection string libpq could not read by ``"..."``."""
+    if CONNINFO_ERROR.search(text):
+        text = _QUOTED_PIECE.sub('"..."', text)
     text = _URI_PASSWORD.sub(r"\1***\3", text)
     text = _QUERY_PASSWORD.sub(r"\1***", text)
     return _KEYWORD_PASSWORD.sub(r"\1***", text)
@@ -59,6 +71,10 @@ def describe_server(dsn: str) -> str:
     try:
         params = conninfo_to_dict(dsn)
     except Exception:
+        return "the server of the given connection string (which could not be parsed)"
+    if any("@" in str(value) for value in params.values()):
+        # a URI whose password has a reserved character ('/', '@', ...): libpq split the
+        # password into host, port and database
         return "the server of the given connection string (which could not be parsed)"
     host = str(params.get("host") or params.get("hostaddr") or "the default host")
     port = params.get("port")

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from pgcdc.replication.errors import (
+    CONNINFO_ERROR,
     PublicationNotFoundError,
     ReplicationError,
     ReplicationPermissionError,
@@ -22,6 +23,7 @@ from pgcdc.replication.errors import (
     SlotInvalidatedError,
     SlotMismatchError,
     SlotNotFoundError,
+    scrub_secrets,
 )
 
 __all__ = ["Failure", "classify"]
@@ -83,6 +85,17 @@ def classify(
     low = text.lower()
     role = f"role {user!r}" if user else "the connecting role"
     slot_name = f"{slot!r}" if slot else "the slot"
+
+    if CONNINFO_ERROR.search(text) and sqlstate is None:
+        return Failure(
+            ReplicationError(
+                f"the connection string cannot be read: {scrub_secrets(text)}",
+                "write it as libpq reads it: in a URI, percent-encode the password's reserved "
+                "characters (%25 for %, %2F for /, %40 for @, %3A for :, %20 for a space); in "
+                "key=value form, single-quote a value with spaces",
+            ),
+            False,
+        )
 
     if (
         "password authentication failed" in low

@@ -199,17 +199,18 @@ def written_when_added(conn: psycopg.Connection[Any], schema: str, name: str, co
     after a rewrite, at once)."""
     from psycopg import sql
 
+    # no parameters beside the identifier: psycopg would read a '%' in the table's name as one
+    rel = sql.Literal(sql.Identifier(schema, name).as_string(conn))
     row = conn.execute(
         sql.SQL(
             "SELECT EXISTS (SELECT 1 FROM {table} t WHERE t.xmin IN ("
             " SELECT a.xmin FROM pg_catalog.pg_attribute a"
-            " WHERE a.attrelid = %(rel)s::regclass AND a.attname = %(col)s"
+            " WHERE a.attrelid = {rel}::regclass AND a.attname = {col}"
             " AND (a.atthasdef OR a.attidentity <> '')"
             " UNION ALL SELECT d.xmin FROM pg_catalog.pg_attrdef d"
             " JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
-            " WHERE a.attrelid = %(rel)s::regclass AND a.attname = %(col)s))"
-        ).format(table=sql.Identifier(schema, name)),
-        {"rel": sql.Identifier(schema, name).as_string(conn), "col": column},
+            " WHERE a.attrelid = {rel}::regclass AND a.attname = {col}))"
+        ).format(table=sql.Identifier(schema, name), rel=rel, col=sql.Literal(column))
     ).fetchone()
     return bool(row and row[0])
 

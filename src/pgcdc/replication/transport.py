@@ -407,4 +407,4 @@ class LibpqTransport:
 
 def _log_notice(result: pq.abc.PGresult) -> None:
     message, sqlstate = _server_error(result, None)
-    log.info("server notice (%s): %s", sqlstate, message)
+    log.info("server notice (%s): %s", sqlstate, scrub_secrets(message))
