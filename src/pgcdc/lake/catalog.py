@@ -149,7 +149,10 @@ def _catalog(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], SourceTable
     pkeys: dict[int, tuple[str, ...]] = {}
     idents: dict[int, tuple[str, ...]] = {}
     for index in source_catalog.key_indexes(conn, oids):
-        if index.primary:
+        # a DEFERRABLE key is unique only at commit: within a transaction two rows may hold one
+        # key value (a swap of keys by one UPDATE), which a per-key mirror cannot follow; such
+        # a table (REPLICA IDENTITY FULL: the key cannot identify rows) is mirrored as a multiset
+        if index.primary and not index.deferrable:
             pkeys[index.relid] = index.columns
         if index.replica_identity:
             idents[index.relid] = index.columns

@@ -124,6 +124,8 @@ class KeyIndex(NamedTuple):
     primary: bool
     replica_identity: bool
     columns: tuple[str, ...]
+    #: DEFERRABLE: unique only at commit, not after each statement
+    deferrable: bool = False
 
 
 def user_tables(conn: psycopg.Connection[Any]) -> list[UserTable]:
@@ -157,12 +159,12 @@ def key_indexes(conn: psycopg.Connection[Any], oids: Sequence[int]) -> list[KeyI
         "SELECT i.indrelid::bigint, i.indisprimary, i.indisreplident, "
         "ARRAY(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY k(attnum, ord) "
         "      JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid "
-        "      AND a.attnum = k.attnum ORDER BY k.ord) "
+        "      AND a.attnum = k.attnum ORDER BY k.ord), NOT i.indimmediate "
         "FROM pg_catalog.pg_index i "
         "WHERE i.indrelid = ANY(%s::oid[]) AND (i.indisprimary OR i.indisreplident)",
         (list(oids),),
     ).fetchall()
-    return [KeyIndex(int(r), bool(p), bool(i), tuple(names)) for r, p, i, names in rows]
+    return [KeyIndex(int(r), bool(p), bool(i), tuple(n), bool(d)) for r, p, i, n, d in rows]
 
 
 def partition_ancestors(conn: psycopg.Connection[Any], oid: int) -> list[tuple[str, str]]:
