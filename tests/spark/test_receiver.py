@@ -197,6 +197,52 @@ def test_a_confirm_between_a_message_spooled_and_framed_keeps_it(pg: PgDatabase,
     reader.stop()
 
 
+@pytest.mark.parametrize("ending", ["commit", "rollback"])
+def test_transactions_with_no_rows_for_the_query_do_not_pin_the_slot(
+    pg: PgDatabase, ending: str
+) -> None:
+    """A transaction larger than logical_decoding_work_mem on an unpublished table arrives as an
+    empty streamed transaction, and one rolled back as a Stream Abort: neither is a row for
+    Spark, so Spark never confirms it. While nothing Spark read is unconfirmed, the receiver
+    confirms them itself; before, the slot stayed at Spark's last batch, keeping WAL."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    pg.execute("CREATE TABLE u (id int, pad text)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    reader = _reader(pg)
+    start = reader.initialOffset()
+    receiver = reader._rt().receiver
+    pg.execute("INSERT INTO t VALUES (1)")
+    _wait_rows(receiver, 1)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    _read_all(reader, reader.partitions(start, end))
+    reader.commit(end)
+    with pg.connect(autocommit=False) as conn:
+        conn.execute("INSERT INTO u SELECT g, repeat('x', 200) FROM generate_series(1, 5000) g")
+        if ending == "rollback":  # rows of t streamed while it is open, then aborted
+            conn.execute("INSERT INTO t SELECT g FROM generate_series(10, 5000) g")
+            deadline = time.monotonic() + 30
+            while receiver.framer is None or not receiver.framer.stats.messages > 100:
+                assert time.monotonic() < deadline, "the open transaction was not streamed"
+                time.sleep(0.2)
+            conn.rollback()
+        else:
+            conn.commit()
+    after = Lsn.parse(str(pg.execute("SELECT pg_current_wal_lsn()::text")[0][0]))
+    deadline = time.monotonic() + 30
+    while True:
+        assert reader.latestOffset(end, ReadAllAvailable()) == end  # no row for Spark
+        info = slot_info(pg.dsn(), "s")
+        assert info is not None
+        if info.confirmed_flush_lsn >= after:
+            break
+        assert time.monotonic() < deadline, f"the slot stays at {info.confirmed_flush_lsn}"
+        time.sleep(0.5)
+    assert receiver.framer is not None
+    assert receiver.framer.stats.empty if ending == "commit" else receiver.framer.stats.aborted
+    reader.stop()
+
+
 def _labels(partitions: Any) -> list[tuple[int, ...]]:
     return [
         (t.commit_lsn, t.end_lsn, t.commit_time, t.xid, t.rows, t.nbytes)

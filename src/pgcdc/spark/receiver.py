@@ -273,6 +273,12 @@ class Receiver:
                     if entry is not None or framer.progress > self.progress:
                         self.progress = max(self.progress, framer.progress)
                         self.changed.notify_all()
+                    quiet = not len(self.index)
+                if quiet and event.data_start > self._confirmed:
+                    # nothing Spark reads is unconfirmed: what came since (a transaction with
+                    # no row for the query, a streamed one aborted) is Spark's to confirm never,
+                    # and would keep the session from acknowledging anything after it
+                    self._confirm_quietly(session, event.data_start)
             elif isinstance(event, Idle):
                 with lock:
                     self.progress = max(self.progress, framer.progress, event.server_wal_end)
@@ -297,3 +303,12 @@ class Receiver:
                 log.info("slot %s: confirmed %s", self.settings.slot, Lsn(target))
             if self._stop.is_set():
                 return
+
+    def _confirm_quietly(self, session: ReplicationSession, lsn: int) -> None:
+        """Confirm ``lsn`` (a message's dataStart) while the index holds nothing: every commit
+        the server sent before that message is either confirmed by Spark or had no row."""
+        session.confirm(Lsn(lsn))
+        self._confirmed = lsn
+        with self.lock:
+            self._acked = max(self._acked, lsn)
+            self.changed.notify_all()
