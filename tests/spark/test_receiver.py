@@ -243,6 +243,43 @@ def test_transactions_with_no_rows_for_the_query_do_not_pin_the_slot(
     reader.stop()
 
 
+def test_an_open_streamed_transaction_keeps_only_its_own_spool_segments(
+    pg: PgDatabase, tmp_path
+) -> None:
+    """A transaction streamed while it stays open (a long ETL job, or one prepared): its blocks
+    stay in the spool until it ends, and everything Spark committed meanwhile goes. Before, its
+    first block was the release floor and the spool kept all that came after it."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    reader = _reader(pg, spoolDir=str(tmp_path), spoolSegmentBytes="64k")
+    start = reader.initialOffset()
+    receiver = reader._rt().receiver
+    with pg.connect(autocommit=False) as long:
+        long.execute("INSERT INTO t SELECT -g, repeat('x', 200) FROM generate_series(1, 2000) g")
+        for batch in range(20):
+            pg.execute(
+                "INSERT INTO t SELECT g, repeat('y', 200) FROM generate_series(%s::int, %s::int) g",
+                (batch * 200 + 1, batch * 200 + 200),
+            )
+            _wait_rows(receiver, 200)
+            end = reader.latestOffset(start, ReadAllAvailable())
+            _read_all(reader, reader.partitions(start, end))
+            reader.commit(end)
+            start = end
+        reader.latestOffset(start, ReadAllAvailable())
+        assert receiver.framer is not None and receiver.framer.stats.messages > 4000
+        # the open transaction's ~0.5 MB, and the segment being written; not the other ~1 MB
+        assert receiver.spool.disk_bytes < 800_000, receiver.spool.disk_bytes
+        long.commit()
+    _wait_rows(receiver, 2000)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    rows = _read_all(reader, reader.partitions(start, end))
+    assert sum(b.num_rows for b in rows) == 2000  # its blocks were kept
+    reader.commit(end)
+    reader.stop()
+
+
 def _labels(partitions: Any) -> list[tuple[int, ...]]:
     return [
         (t.commit_lsn, t.end_lsn, t.commit_time, t.xid, t.rows, t.nbytes)

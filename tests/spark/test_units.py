@@ -428,3 +428,30 @@ def test_rows_written_before_a_column_was_added_read_its_missing_value():
     assert rows[0]["new"] == {**written_before, "v": "a"}
     assert rows[1]["new"] == {**written_before, "v": "b"}
     assert rows[1]["old_kind"] == "O" and rows[1]["old"] == {**written_before, "v": "a"}
+
+
+def test_spool_releases_the_segments_no_needed_range_touches(tmp_path: Any) -> None:
+    """Segments below the framed end that no kept range touches go, wherever they lie; a range
+    over a released segment is refused, not read from another file."""
+    from pgcdc.spark.spool import RECORD_HEADER, Spool, SpoolReleasedError
+
+    spool = Spool(str(tmp_path), segment_bytes=4096)
+    record = RECORD_HEADER.size + 1000
+    offsets = [spool.append(bytes([i]) * 1000) for i in range(20)]  # 4 records a segment
+    spool.flush()
+    assert offsets[4] == 4 * record  # segment starts: 0, 4016, 8032, ...
+    keep = [(offsets[1], offsets[2]), (offsets[9], offsets[10])]  # in segments 0 and 2
+    removed = spool.release_unneeded(keep, offsets[16])
+    assert removed == 2  # segments 1 and 3; segment 4 ends beyond the framed end
+    assert spool.readable(offsets[1], offsets[2]) and spool.readable(offsets[9], offsets[10])
+    assert list(spool.iter_records(offsets[9], offsets[10])) == [bytes([9]) * 1000]
+    assert not spool.readable(offsets[5], offsets[6])
+    with pytest.raises(SpoolReleasedError):
+        spool.read_range(offsets[5], offsets[6])
+    assert spool.disk_bytes == spool.size - 2 * 4 * record
+    # once nothing needs the head, it goes too, and below it nothing is readable
+    spool.release_unneeded([], offsets[16])
+    assert not spool.readable(offsets[1], offsets[2])
+    assert spool.released == offsets[16]
+    assert list(spool.iter_records(offsets[16], offsets[17])) == [bytes([16]) * 1000]
+    spool.close()

@@ -102,7 +102,7 @@ class _Handler(socketserver.BaseRequestHandler):
             spool = self.server.spool
             # check every range first, so that an error can still be reported cleanly
             for start, end in ranges:
-                if start < spool.released or end > spool.size or start > end:
+                if not spool.readable(start, end):
                     self._fail(
                         sock,
                         f"spool range {start}-{end} is not available any more: its batch was "

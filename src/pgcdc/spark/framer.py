@@ -165,11 +165,13 @@ class Framer:
     def definitions(self) -> Definitions:
         return self._defs
 
-    def open_low_offset(self) -> int | None:
-        """The lowest spool offset an unfinished transaction still needs."""
-        lows = [self._body_start] if self._txn is not None else []
-        lows += [st.ranges[0][0] for st in self._streams.values() if st.ranges]
-        return min(lows) if lows else None
+    def open_ranges(self, end: int) -> list[tuple[int, int]]:
+        """The spool byte ranges unfinished transactions still need (an open transaction's
+        body up to ``end``, the spool offset after the last message framed)."""
+        ranges = [(self._body_start, end)] if self._txn is not None else []
+        for stream in self._streams.values():
+            ranges.extend((start, stop) for start, stop in stream.ranges)
+        return ranges
 
     def reset(self) -> None:
         """A new connection: forget unfinished transactions (the server sends them again)."""

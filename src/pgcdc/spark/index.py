@@ -234,3 +234,11 @@ class TransactionIndex:
     def lowest_offset(self) -> int | None:
         """The lowest spool offset any kept transaction still needs."""
         return min(self._start) if self._start else None
+
+    def needed_ranges(self) -> list[tuple[int, int]]:
+        """The spool byte ranges the kept transactions read."""
+        out: list[tuple[int, int]] = []
+        for i, (start, stop) in enumerate(zip(self._start, self._stop, strict=True)):
+            ranges = self._ranges.get(self._base + i)
+            out.extend(ranges if ranges is not None else ((start, stop),))
+        return out

@@ -177,11 +177,13 @@ class Receiver:
             if self.framer is not None:
                 self.framer.skip_through = max(self.framer.skip_through, commit_lsn)
             # not the spool's size: the receiver writes a message before it frames it
-            lows = [self.index.lowest_offset(), self._framed_end]
+            below = self._framed_end
+            needed = self.index.needed_ranges()
             if self.framer is not None:
-                lows.append(self.framer.open_low_offset())
-            low = min(x for x in lows if x is not None)
-        self.spool.release(low)
+                needed += self.framer.open_ranges(below)
+        # by segment: a long open streamed transaction keeps its blocks' segments, not all
+        # that came after its first
+        self.spool.release_unneeded(needed, below)
         if new_target and wait > 0:
             deadline = time.monotonic() + wait
             with self.changed:

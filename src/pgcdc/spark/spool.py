@@ -4,9 +4,9 @@ The driver-side receiver writes each message as a record (``u32`` big-endian len
 bytes) at a global byte offset; records never straddle segment files (``segment_bytes`` each,
 named by their first offset). Nothing is kept in memory but a write buffer: the transaction
 index holds offsets only, and the data endpoint sends byte ranges straight from the files to
-executors (``os.sendfile``). ``release(offset)`` deletes the segments wholly below an offset
-once Spark has committed every batch that needed them. The directory is private to the process
-and removed by ``close()``.
+executors (``os.sendfile``). ``release_unneeded`` deletes the segments below an offset that no
+range still needed touches, once Spark has committed every batch that read them. The directory
+is private to the process and removed by ``close()``.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ class Spool:
         self._size = 0  # the global offset the next record gets
         self._flushed = 0  # everything below is readable from the files
         self._released = 0  # everything below may be gone
+        self._holes: dict[int, int] = {}  # live-list segments deleted: first offset -> bytes
         self._closed = False
         self.written_bytes = 0
 
@@ -129,7 +130,8 @@ class Spool:
     def disk_bytes(self) -> int:
         """Bytes held in segment files."""
         with self._lock:
-            return self._size - (self._segments[0] if self._segments else self._size)
+            held = self._size - (self._segments[0] if self._segments else self._size)
+            return held - sum(self._holes.values())
 
     # -- reading ---------------------------------------------------------------------------
     def _pieces(self, start: int, end: int) -> list[tuple[Path, int, int]]:
@@ -147,12 +149,25 @@ class Spool:
         position = start
         while position < end:
             seg_start = segments[index]
+            if seg_start in self._holes:
+                raise SpoolReleasedError(
+                    f"spool range {start}-{end} is not available (segment {seg_start} was released)"
+                )
             seg_end = segments[index + 1] if index + 1 < len(segments) else self._size
             stop = min(end, seg_end)
             pieces.append((self._path(seg_start), position - seg_start, stop - position))
             position = stop
             index += 1
         return pieces
+
+    def readable(self, start: int, end: int) -> bool:
+        """Whether ``[start, end)`` can be read (written, and nothing of it released)."""
+        with self._lock:
+            try:
+                self._pieces(start, end)
+            except SpoolReleasedError:
+                return False
+            return True
 
     def read_range(self, start: int, end: int) -> bytes:
         """The bytes of ``[start, end)`` (whole records)."""
@@ -196,20 +211,30 @@ class Spool:
         return sent
 
     # -- releasing -------------------------------------------------------------------------
-    def release(self, offset: int) -> int:
-        """Delete the segments that lie wholly below ``offset``; how many were deleted."""
+    def release_unneeded(self, needed: list[tuple[int, int]], below: int) -> int:
+        """Delete the segments that end at or below ``below`` and that none of the ``needed``
+        ``[start, end)`` byte ranges touches; how many were deleted."""
         removed = 0
         with self._lock:
-            offset = min(offset, self._size)
-            if offset <= self._released:
-                return 0
-            self._released = offset
-            while len(self._segments) > 1 and self._segments[1] <= offset:
-                start = self._segments.pop(0)
+            below = min(below, self._size)
+            segments = self._segments
+            for i in range(len(segments) - 1):  # never the segment being written
+                start, stop = segments[i], segments[i + 1]
+                if stop > below:
+                    break
+                if start in self._holes or any(a < stop and b > start for a, b in needed):
+                    continue
                 self._path(start).unlink(missing_ok=True)
+                self._holes[start] = stop - start
                 removed += 1
+            # below the lowest range needed nothing is readable any more, deleted or not
+            floor = min([below, *(a for a, _ in needed)])
+            self._released = max(self._released, floor)
+            while len(segments) > 1 and segments[0] in self._holes:
+                del self._holes[segments.pop(0)]
+                self._released = max(self._released, segments[0])
         if removed:
-            log.debug("spool: released %d segment(s) below offset %d", removed, offset)
+            log.debug("spool: released %d segment(s) below offset %d", removed, below)
         return removed
 
     def close(self) -> None:
