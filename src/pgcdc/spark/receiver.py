@@ -46,6 +46,9 @@ __all__ = ["Receiver", "ReceiverSettings"]
 log = logging.getLogger("pgcdc.spark")
 
 _COMMITS = frozenset({MessageType.COMMIT, MessageType.STREAM_COMMIT})
+#: the messages that end a transaction (or a streamed subtransaction) in the Spark source's
+#: stream (no two-phase: the framer refuses it)
+_ENDS = frozenset({MessageType.COMMIT, MessageType.STREAM_COMMIT, MessageType.STREAM_ABORT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,10 +279,15 @@ class Receiver:
                         self.progress = max(self.progress, framer.progress)
                         self.changed.notify_all()
                     quiet = not len(self.index)
-                if quiet and event.data_start > self._confirmed:
-                    # nothing Spark reads is unconfirmed: what came since (a transaction with
-                    # no row for the query, a streamed one aborted) is Spark's to confirm never,
-                    # and would keep the session from acknowledging anything after it
+                if (
+                    quiet
+                    and entry is None
+                    and payload[0] in _ENDS
+                    and event.data_start > self._confirmed
+                ):
+                    # a transaction with no row for the query, or a streamed one aborted, while
+                    # nothing Spark reads is unconfirmed: Spark never confirms it, and it would
+                    # keep the session from acknowledging anything after it
                     self._confirm_quietly(session, event.data_start)
             elif isinstance(event, Idle):
                 with lock:
@@ -307,8 +315,8 @@ class Receiver:
                 return
 
     def _confirm_quietly(self, session: ReplicationSession, lsn: int) -> None:
-        """Confirm ``lsn`` (a message's dataStart) while the index holds nothing: every commit
-        the server sent before that message is either confirmed by Spark or had no row."""
+        """Confirm ``lsn`` (the dataStart of a transaction's end) while the index holds nothing:
+        every commit the server sent up to it is either confirmed by Spark or had no row."""
         session.confirm(Lsn(lsn))
         self._confirmed = lsn
         with self.lock:
