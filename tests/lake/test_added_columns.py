@@ -117,3 +117,39 @@ def test_a_column_added_by_rewriting_the_table_stops_the_pipeline(
     with pytest.raises(Exception, match=f"rewritten when column '{name}' was added") as failed:
         Pipeline(config, spark=spark).run(until_caught_up=True)
     assert "copy the table again" in str(failed.value)
+
+
+@newest_server
+def test_a_column_dropped_and_added_again_under_its_name(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """Dropped and added again between two runs, a column keeps its name but not its values:
+    the lake's rows held the old column's. They stayed (10 and 20 where PostgreSQL reads 7);
+    now the run stops naming the column. Dropped in one run and added again in the next, the
+    new column is an added one: existing rows read its default."""
+    pg.execute("CREATE TABLE c (id int PRIMARY KEY, x int, y int)")
+    pg.execute("INSERT INTO c VALUES (1, 10, 1), (2, 20, 2)")
+    config = make_config(pg, tmp_path / "lake", [{"name": "c", "history": True}])
+    Pipeline(config, spark=spark).run(until_caught_up=True)
+    pg.execute("ALTER TABLE c DROP COLUMN x")
+    pg.execute("ALTER TABLE c ADD COLUMN x int DEFAULT 7")
+    pg.execute("INSERT INTO c VALUES (3, 1, 30)")
+    with pytest.raises(Exception, match=r"'x' of public\.c were dropped and added") as failed:
+        Pipeline(config, spark=spark).run(until_caught_up=True)
+    assert "copy the table again" in str(failed.value)
+
+    other = tmp_path / "lake2"
+    config = make_config(
+        pg, other, [{"name": "c"}], source={"slot": "lake_slot2", "publication": "lake_pub2"}
+    )
+    Pipeline(config, spark=spark).run(until_caught_up=True)
+    pg.execute("ALTER TABLE c DROP COLUMN y")
+    pg.execute("INSERT INTO c VALUES (4, 4)")
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.run(until_caught_up=True)
+    assert_equal(pipeline)
+    pg.execute("ALTER TABLE c ADD COLUMN y int DEFAULT 5")
+    pg.execute("INSERT INTO c VALUES (5, 5, 50)")
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.run(until_caught_up=True)
+    assert_equal(pipeline)

@@ -595,8 +595,8 @@ def missing_values(
     return found
 
 
-def source_columns(dsn: str, table: LakeTable) -> list[str]:
-    """The table's current (not generated) columns, in order."""
+def source_columns(dsn: str, table: LakeTable) -> dict[str, int]:
+    """The table's current (not generated) columns, in order, with their attnum."""
     with connect_sql(dsn) as conn:
         return source_catalog.current_columns(conn, table.schema, table.name)
 

@@ -60,7 +60,7 @@ from pgcdc.lake.failures import PipelineError, spark_reason
 from pgcdc.lake.initial_copy import InitialCopy
 from pgcdc.lake.monitor import Observer, RunObserver, SlotMonitor
 from pgcdc.lake.schema_evolution import evolve
-from pgcdc.lake.state import PipelineState, load_state
+from pgcdc.lake.state import PipelineState, load_state, save_state
 from pgcdc.lake.stream_runner import StreamRunner
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout
 from pgcdc.metrics import PipelineMetrics
@@ -206,18 +206,44 @@ class Pipeline:
         if plan is None:
             return
         spark = self.spark()
+        numbers = {table.table_id: source_columns(self.dsn, table) for table in plan.tables}
+        self._check_column_numbers(numbers)
         for table in plan.tables:
             path = str(table.path(self.layout, "mirror"))
             if not is_delta_table(spark, path):
                 continue
             schema = table_schema(spark, path)
-            present = set(source_columns(self.dsn, table)) | set(MIRROR_COLUMNS)
+            present = set(numbers[table.table_id]) | set(MIRROR_COLUMNS)
             gone = [name for name in schema.names if name not in present]
             if gone:
                 from pyspark.sql import types as T
 
                 keep = T.StructType([f for f in schema.fields if f.name not in gone])
                 evolve(spark, path, keep, drop_missing=True, what=f"{table.table_id} mirror")
+
+    def _check_column_numbers(self, numbers: dict[str, dict[str, int]]) -> None:
+        """Refuse a column dropped and added again under its name since the columns were last
+        recorded (its attnum changed): the lake's rows hold the old column's values and the
+        stream mixes both, so no row can be told apart; then record the columns as they are."""
+        state = load_state(self.layout) or self.state
+        if state is None:
+            return
+        for table_id, columns in numbers.items():
+            before = state.columns.get(table_id, {})
+            again = [c for c, n in columns.items() if c in before and before[c] != n]
+            if again:
+                raise PipelineError(
+                    f"column(s) {', '.join(repr(c) for c in again)} of {table_id} were dropped "
+                    "and added again since the lake last read the table: its rows hold the "
+                    "dropped column's values, which PostgreSQL no longer has, and nothing tells "
+                    "them from the new column's. Fix: copy the table again: run a new pipeline "
+                    "(another slot, publication and lake path), or `pgcdc drop` this one, move "
+                    "its lake away and run again"
+                )
+        if numbers != {t: state.columns.get(t) for t in numbers}:
+            state = state.evolve(columns={**state.columns, **numbers})
+            save_state(self.layout, state)
+            self.state = state
 
     # -- run -------------------------------------------------------------------------------
 

@@ -11,6 +11,9 @@ such a one; state files written before this field existed read as False: keep it
 start (the changes since the slot's position are gone), instead of copying everything again
 into a lake that still holds the old tables; moving the lake away starts over.
 
+``columns`` records each table's column numbers (attnum) when a query starts, so that a
+column dropped and added again under its name is told from the one the lake holds.
+
 ``last_failure`` (a ``BatchFailure``) is the micro-batch a run failed on, until a batch is
 applied again: ``pgcdc status`` shows it and exits 1 while it stands (``failure_standing``: the
 streaming checkpoint has not committed that batch since). The checkpoint helpers read Spark's
@@ -86,6 +89,9 @@ class PipelineState:
     publication_created: bool = False  # pgcdc created the publication (pgcdc drop drops it)
     dropped_at: str | None = None  # ISO time pgcdc drop dropped the slot
     last_failure: BatchFailure | None = None  # the batch a run failed on, until one is applied
+    #: table id -> column -> attnum, as the source had them when a query last started: a
+    #: column dropped and added again under its name comes back with another attnum
+    columns: dict[str, dict[str, int]] = field(default_factory=dict)
     created_at: str = field(default_factory=_now)
     updated_at: str = field(default_factory=_now)
     format: int = STATE_FORMAT

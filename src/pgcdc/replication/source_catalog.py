@@ -179,17 +179,18 @@ def partition_ancestors(conn: psycopg.Connection[Any], oid: int) -> list[tuple[s
     return [(str(s), str(n)) for s, n in rows]
 
 
-def current_columns(conn: psycopg.Connection[Any], schema: str, name: str) -> list[str]:
-    """The table's current columns that are not generated, in order."""
+def current_columns(conn: psycopg.Connection[Any], schema: str, name: str) -> dict[str, int]:
+    """The table's current columns that are not generated, in order, with their attnum (a
+    column dropped and added again under its name gets a new one)."""
     from psycopg import sql
 
     rows = conn.execute(
-        "SELECT a.attname::text FROM pg_catalog.pg_attribute a "
+        "SELECT a.attname::text, a.attnum::int FROM pg_catalog.pg_attribute a "
         "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped "
         "AND a.attgenerated = '' ORDER BY a.attnum",
         (sql.Identifier(schema, name).as_string(conn),),
     ).fetchall()
-    return [str(r[0]) for r in rows]
+    return {str(n): int(k) for n, k in rows}
 
 
 def written_when_added(conn: psycopg.Connection[Any], schema: str, name: str, column: str) -> bool:
