@@ -31,6 +31,7 @@ __all__ = ["Failure", "classify"]
 _UNREACHABLE = (
     "connection refused",
     "could not translate host name",
+    "failed to resolve host",
     "could not connect",
     "timeout expired",
     "no route to host",

@@ -29,8 +29,9 @@ from typing import Any, Protocol
 
 import psycopg
 from psycopg import pq, sql
+from psycopg._conninfo_attempts import conninfo_attempts  # what psycopg's connect tries
 from psycopg._encodings import pg2pyenc  # the name psycopg itself maps server encodings with
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgcdc.errors import PgcdcError
 from pgcdc.lsn import Lsn
@@ -156,6 +157,7 @@ _keepalive = struct.Struct("!QQB")
 _two_lsns = struct.Struct("!QQ")
 _status = struct.Struct("!cQQQqB")
 _EPOCH_2000 = 946_684_800  # the protocol's clock counts microseconds from 2000-01-01 UTC
+_COPY_STATES = frozenset({pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH})
 
 
 def _server_error(
@@ -194,7 +196,7 @@ def _cell(value: bytes | None, oid: int) -> Any:
 class LibpqTransport:
     """``ReplicationTransport`` on libpq, through psycopg 3's ``pq`` wrapper.
 
-    Every libpq call that may wait is non-blocking and waited on here with ``select``: psycopg's
+    Every libpq call that may wait is non-blocking and waited on here with ``poll``: psycopg's
     ``pq`` keeps the GIL in blocking ones (PQconnectdb, PQexec), which would stop every other
     thread of the process for as long as the server takes (CREATE_REPLICATION_SLOT waits for
     running transactions to end).
@@ -203,26 +205,41 @@ class LibpqTransport:
     __slots__ = ("_conn", "_encoding", "_finished", "_positions", "_replies", "_wal_end")
 
     def __init__(self, dsn: str, *, connect_timeout: float = 10.0) -> None:
-        timeout = max(1, round(connect_timeout))
-        try:
-            conninfo = make_conninfo(dsn, replication="database", connect_timeout=str(timeout))
-        except psycopg.Error as exc:  # a malformed DSN
-            raise TransportError(str(exc), sqlstate=None, phase="connect", lost=True) from None
-        self._conn = pq.PGconn.connect_start(conninfo.encode())
-        self._finished = False
+        self._finished = True
         self._encoding = "utf-8"
         self._wal_end = 0
         self._positions = (0, 0, 0)  # write, flush, apply: the last status the session sent
         self._replies = 0
+        timeout = max(1, round(connect_timeout))
         try:
-            self._connect(timeout)
-        except TransportError:
+            params = conninfo_to_dict(dsn, replication="database")
+            # one attempt per host (and address), each with the whole timeout: libpq's own
+            # iteration never leaves a host that accepts and then stays silent, since
+            # PQconnectPoll leaves connect_timeout to the caller (psycopg's connect does this)
+            attempts = conninfo_attempts(params)
+        except psycopg.Error as exc:  # a malformed DSN, or no host resolved
+            raise TransportError(str(exc), sqlstate=None, phase="connect", lost=True) from None
+        failure: TransportError | None = None
+        for attempt in attempts:
+            self._conn = pq.PGconn.connect_start(make_conninfo("", **attempt).encode())
+            self._finished = False
+            try:
+                self._connect(timeout)
+                break
+            except TransportError as exc:
+                self.close()
+                failure = exc
+        else:
+            assert failure is not None
+            raise failure
+        try:
+            # server notices (a WARNING about a slot, say) go to the log, not to stderr
+            self._conn.notice_handler = _log_notice
+            self._conn.nonblocking = 1
+            self._encoding = pg2pyenc(self._conn.parameter_status(b"client_encoding") or b"UTF8")
+        except psycopg.Error as exc:  # an encoding Python has no codec for
             self.close()
-            raise
-        # server notices (a WARNING about a slot, say) go to the log, not to stderr
-        self._conn.notice_handler = _log_notice
-        self._conn.nonblocking = 1
-        self._encoding = pg2pyenc(self._conn.parameter_status(b"client_encoding") or b"UTF8")
+            raise TransportError(str(exc), sqlstate=None, phase="connect", lost=True) from None
 
     def _connect(self, timeout: float) -> None:
         conn = self._conn
@@ -245,35 +262,60 @@ class LibpqTransport:
             status = pq.PollingStatus(conn.connect_poll())
 
     def _ready(self, write: bool, timeout: float) -> bool:
-        """Wait for the socket to be writable (or readable); whether it became so in time."""
-        sock = self._conn.socket
-        if write:
-            _, ready, _ = select.select([], [sock], [], max(timeout, 0.0))
-        else:
-            ready, _, _ = select.select([sock], [], [], max(timeout, 0.0))
-        return bool(ready)
+        """Wait for the socket to be writable (or readable); whether it became so in time.
+        (``poll``, not ``select``: a process with many files may get a socket above 1023.)"""
+        poller = select.poll()
+        poller.register(self._conn.socket, select.POLLOUT if write else select.POLLIN)
+        return bool(poller.poll(max(timeout, 0.0) * 1000))
 
     def _execute(self, text: str, phase: str) -> pq.abc.PGresult:
         """Send one command and wait for its (first) result."""
         conn = self._conn
         try:
-            conn.send_query(text.encode(self._encoding))
+            command = text.encode(self._encoding)
+        except UnicodeError:
+            raise TransportError(
+                f"the command cannot be written in the connection's encoding {self._encoding} "
+                "(a name or option value with characters it lacks)",
+                sqlstate=None,
+                phase=phase,
+                lost=False,
+            ) from None
+        try:
+            conn.send_query(command)
             while conn.flush():  # 1: not all sent yet
                 self._ready(True, 1.0)
-            while conn.is_busy():
-                self._ready(False, 1.0)
-                conn.consume_input()
+            self._await_result()
             result = conn.get_result()
             if result is None:
                 raise TransportError(
                     "the server returned no result", sqlstate=None, phase=phase, lost=True
                 )
-            if result.status != pq.ExecStatus.COPY_BOTH:
-                while conn.get_result() is not None:  # up to the end of the query's results
-                    pass
+            if result.status not in _COPY_STATES:
+                # up to the end of the query's results (none more for these commands)
+                while True:
+                    self._await_result()
+                    rest = conn.get_result()
+                    if rest is None:
+                        break
+                    if rest.status in _COPY_STATES:  # nothing a replication command starts
+                        raise TransportError(
+                            "the server answered with an unexpected COPY",
+                            sqlstate=None,
+                            phase=phase,
+                            lost=True,
+                        )
             return result
         except (psycopg.Error, OSError) as exc:
             raise self._broken(exc, phase) from None
+
+    def _await_result(self) -> None:
+        """Wait until libpq has the next result whole (``get_result`` would block for it, and
+        psycopg's ``pq`` keeps the GIL while it does)."""
+        conn = self._conn
+        while conn.is_busy():
+            self._ready(False, 1.0)
+            conn.consume_input()
 
     def _broken(self, exc: psycopg.Error | OSError, phase: str) -> TransportError:
         """libpq failed on the connection itself (psycopg's ``pq`` raises for it)."""
@@ -328,10 +370,18 @@ class LibpqTransport:
             return self._read()
         except (psycopg.Error, OSError) as exc:
             raise self._broken(exc, "stream") from None
+        except struct.error:
+            self.close()
+            raise TransportError(
+                "the server sent a replication message too short for its header",
+                sqlstate=None,
+                phase="stream",
+                lost=True,
+            ) from None
 
     def _read(self) -> WalData | None:
         conn = self._conn
-        consumed = False
+        consumed = 0
         while True:
             size, data = conn.get_copy_data(1)
             if size > 0:
@@ -354,24 +404,27 @@ class LibpqTransport:
                     lost=True,
                 )
             if size == 0:
-                if consumed:
+                # twice: over TLS one read can leave the rest of a message decrypted in the
+                # TLS layer, where the socket does not show it as readable
+                if consumed == 2:
                     return None
                 conn.consume_input()
-                consumed = True
+                consumed += 1
                 continue
             self._ended()
 
     def _ended(self) -> None:
         """The COPY ended (the server's error, or its CopyDone): raise."""
-        result = self._conn.get_result()
-        while self._conn.get_result() is not None:  # the connection is done with anyway
-            pass
+        conn = self._conn
+        self._await_result()
+        result = conn.get_result()
         if result is not None and result.status in (
             pq.ExecStatus.FATAL_ERROR,
             pq.ExecStatus.NONFATAL_ERROR,
         ):
-            message, sqlstate = _server_error(result, self._conn)
+            message, sqlstate = _server_error(result, conn)
         else:
+            # a CopyDone leaves libpq in COPY_IN, whose result comes back on every call
             message, sqlstate = "the server ended the replication stream", None
         self.close()
         raise TransportError(message, sqlstate=sqlstate, phase="stream", lost=True)
