@@ -556,28 +556,18 @@ def missing_values(
     catalog = load_catalog(dsn, tables=[(table.schema, table.name)])
     source = catalog.table(table.schema, table.name)
     registry = registry_for(catalog)
+    known = {name: source.column(name) for name in columns} if source is not None else {}
+    without = [name for name, column in known.items() if column and column.missing is None]
+    if without:  # one connection for them all
+        with connect_sql(dsn) as conn:
+            for name in without:
+                if source_catalog.written_when_added(conn, table.schema, table.name, name):
+                    raise _rewritten(table, name)
     found: dict[str, Any] = {}
-    for name, arrow in columns.items():
-        column = source.column(name) if source is not None else None
-        if column is None:
+    for name, column in known.items():
+        if column is None or column.missing is None:
             continue
-        if column.missing is None:
-            with connect_sql(dsn) as conn:
-                rewritten = source_catalog.written_when_added(conn, table.schema, table.name, name)
-            if rewritten:
-                from pgcdc.lake.failures import PipelineError  # it imports this module
-
-                raise PipelineError(
-                    f"{table.table_id} was rewritten when column {name!r} was added: its default "
-                    "is computed row by row (a volatile function, serial, identity, or a domain "
-                    "with constraints), and logical replication sends none of the values "
-                    "PostgreSQL wrote, so the lake's existing rows would read NULL there. Fix: "
-                    "copy the table again: run a new pipeline (another slot, publication and "
-                    "lake path), or `pgcdc drop` this one, move its lake away and run again; to "
-                    "avoid it, add the column without a default, then SET DEFAULT and UPDATE "
-                    "the rows in batches"
-                )
-            continue
+        arrow = columns[name]
         try:
             array = missing_array(column, registry, arrow)
             value = None if array is None else array[0].as_py()
@@ -593,6 +583,21 @@ def missing_values(
         if value is not None:
             found[name] = value
     return found
+
+
+def _rewritten(table: LakeTable, name: str) -> Exception:
+    """The error for a column whose ADD COLUMN rewrote the table (see ``missing_values``)."""
+    from pgcdc.lake.failures import PipelineError  # it imports this module
+
+    return PipelineError(
+        f"{table.table_id} was rewritten when column {name!r} was added: its default is "
+        "computed row by row (a volatile function, serial, identity, or a domain with "
+        "constraints), and logical replication sends none of the values PostgreSQL wrote, so "
+        "the lake's existing rows would read NULL there. Fix: copy the table again: run a new "
+        "pipeline (another slot, publication and lake path), or `pgcdc drop` this one, move its "
+        "lake away and run again; to avoid it, add the column without a default, then SET "
+        "DEFAULT and UPDATE the rows in batches"
+    )
 
 
 def source_columns(dsn: str, table: LakeTable) -> dict[str, int]:

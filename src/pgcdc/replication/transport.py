@@ -317,7 +317,7 @@ class LibpqTransport:
             self._ready(False, 1.0)
             conn.consume_input()
 
-    def _broken(self, exc: psycopg.Error | OSError, phase: str) -> TransportError:
+    def _broken(self, exc: psycopg.Error | OSError | ValueError, phase: str) -> TransportError:
         """libpq failed on the connection itself (psycopg's ``pq`` raises for it)."""
         self.close()
         return TransportError(" ".join(str(exc).split()), sqlstate=None, phase=phase, lost=True)
@@ -433,8 +433,7 @@ class LibpqTransport:
         try:
             return self._ready(False, timeout)
         except (OSError, ValueError, psycopg.Error) as exc:
-            self.close()
-            raise TransportError(str(exc), sqlstate=None, phase="stream", lost=True) from None
+            raise self._broken(exc, "stream") from None
 
     def send_status(self, write: Lsn, flush: Lsn, apply: Lsn, *, reply: bool = False) -> None:
         self._positions = (int(write), int(flush), int(apply))
