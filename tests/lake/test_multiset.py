@@ -39,6 +39,17 @@ def mirror_multiset(pipeline: Pipeline, table_id: str) -> Counter[tuple[Any, ...
     return Counter(tuple(row[c] for c in columns) for row in data.select(columns).to_pylist())
 
 
+def run_checked(config: Any, spark: Any, table_id: str) -> Counter[tuple[Any, ...]]:
+    """One run until caught up; the mirror equals the source and the history's current versions
+    equal the mirror; the mirror's rows as a multiset."""
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.run(until_caught_up=True)
+    assert_equal(pipeline)
+    assert pipeline.plan is not None
+    assert_history_matches_mirror(pipeline, pipeline.plan.table(table_id))
+    return mirror_multiset(pipeline, table_id)
+
+
 def test_identical_rows_are_kept_copy_by_copy(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
     pg.execute(
         "CREATE TABLE d (a int, b text); ALTER TABLE d REPLICA IDENTITY FULL; "
@@ -49,12 +60,7 @@ def test_identical_rows_are_kept_copy_by_copy(pg: PgDatabase, spark: Any, tmp_pa
     )
 
     def run() -> Counter[tuple[Any, ...]]:
-        pipeline = Pipeline(config, spark=spark)
-        pipeline.run(until_caught_up=True)
-        assert_equal(pipeline)
-        assert pipeline.plan is not None
-        assert_history_matches_mirror(pipeline, pipeline.plan.table("public.d"))
-        return mirror_multiset(pipeline, "public.d")
+        return run_checked(config, spark, "public.d")
 
     assert run() == Counter({(1, "x"): 2, (2, "y"): 1})
     pg.execute("INSERT INTO d VALUES (1, 'x')")
@@ -116,13 +122,9 @@ def test_random_workload_on_identical_rows(pg: PgDatabase, spark: Any, tmp_path:
                     with conn.transaction():
                         for _ in range(rng.randint(1, 4)):
                             _one(conn, rng)
-        pipeline = Pipeline(config, spark=spark)
-        pipeline.run(until_caught_up=True)
-        assert_equal(pipeline)  # as multisets
-        assert pipeline.plan is not None
-        assert_history_matches_mirror(pipeline, pipeline.plan.table("public.m"))
+        multiset = run_checked(config, spark, "public.m")  # equal as multisets
         ((rows,),) = pg.execute("SELECT count(*) FROM m")
-        assert sum(mirror_multiset(pipeline, "public.m").values()) == rows, f"seed {seed}"
+        assert sum(multiset.values()) == rows, f"seed {seed}"
 
 
 def test_a_deferrable_key_swapped_by_one_update(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
@@ -138,12 +140,7 @@ def test_a_deferrable_key_swapped_by_one_update(pg: PgDatabase, spark: Any, tmp_
     )
 
     def run() -> Counter[tuple[Any, ...]]:
-        pipeline = Pipeline(config, spark=spark)
-        pipeline.run(until_caught_up=True)
-        assert_equal(pipeline)
-        assert pipeline.plan is not None
-        assert_history_matches_mirror(pipeline, pipeline.plan.table("public.s"))
-        return mirror_multiset(pipeline, "public.s")
+        return run_checked(config, spark, "public.s")
 
     assert run() == Counter({(1, "a"): 1, (2, "b"): 1})
     pg.execute("UPDATE s SET id = 3 - id WHERE id IN (1, 2)")

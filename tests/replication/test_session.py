@@ -298,15 +298,9 @@ def test_psycopg2_is_only_in_the_copy_module() -> None:
     assert importers == ["replication/copy.py"]
 
 
-@pytest.mark.parametrize("reply", [False, True], ids=["status", "status-asking-a-reply"])
-def test_a_confirm_never_moves_the_slot_past_what_was_confirmed(
-    pg: PgDatabase, reply: bool
-) -> None:
-    """Transaction A begins, T1 and T2 commit, A commits: A arrives after T2 with messages that
-    start at its first LSN, before T1's end. Confirming T1's end while A's messages are being
-    received must leave the slot there, whether the status asks for a keepalive or not. With
-    psycopg2's replication loop, the keepalive arriving amid A made it report the server's WAL
-    end as flushed, T2 included (seen on both servers: the slot at T2's end)."""
+def _t1_and_t2_within_a(pg: PgDatabase) -> None:
+    """Slot "s" over table t; transaction A (40,001 rows of 1 kB: more than the socket buffers
+    hold) begins, T1 and T2 commit, then A commits."""
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
     create_publication(pg.dsn(), "pub", tables=["t"])
     create_slot_with_snapshot(pg.dsn(), "s").release()
@@ -317,6 +311,18 @@ def test_a_confirm_never_moves_the_slot_past_what_was_confirmed(
         pg.execute("INSERT INTO t VALUES (1, 'T1')")
         pg.execute("INSERT INTO t VALUES (2, 'T2')")
         a.commit()
+
+
+@pytest.mark.parametrize("reply", [False, True], ids=["status", "status-asking-a-reply"])
+def test_a_confirm_never_moves_the_slot_past_what_was_confirmed(
+    pg: PgDatabase, reply: bool
+) -> None:
+    """Transaction A begins, T1 and T2 commit, A commits: A arrives after T2 with messages that
+    start at its first LSN, before T1's end. Confirming T1's end while A's messages are being
+    received must leave the slot there, whether the status asks for a keepalive or not. With
+    psycopg2's replication loop, the keepalive arriving amid A made it report the server's WAL
+    end as flushed, T2 included (seen on both servers: the slot at T2's end)."""
+    _t1_and_t2_within_a(pg)
     session = ReplicationSession(pg.dsn(), "s", StreamOptions(("pub",)), status_interval=1.0)
     ends: list[Lsn] = []
     for event in session.events():
@@ -340,16 +346,7 @@ def test_a_keepalive_amid_a_transaction_never_moves_the_slot(pg: PgDatabase) -> 
     without a status. Its WAL end (past T2) must not be reported as flushed when only T1 was
     confirmed; psycopg2's replication loop reported it (the last message, within A, began
     before T1's end), and a crash then would have lost T2."""
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
-    create_publication(pg.dsn(), "pub", tables=["t"])
-    create_slot_with_snapshot(pg.dsn(), "s").release()
-    with pg.connect(autocommit=False) as a:
-        a.execute(
-            "INSERT INTO t SELECT g, repeat('x', 1000) FROM generate_series(1000000, 1040000) g"
-        )
-        pg.execute("INSERT INTO t VALUES (1, 'T1')")
-        pg.execute("INSERT INTO t VALUES (2, 'T2')")
-        a.commit()
+    _t1_and_t2_within_a(pg)
     dsn = pg.dsn(options="-c wal_sender_timeout=4s")
     session = ReplicationSession(dsn, "s", StreamOptions(("pub",)), status_interval=30.0)
     ends: list[Lsn] = []

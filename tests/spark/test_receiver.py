@@ -155,15 +155,20 @@ def test_reconnect_and_restart_keep_each_transaction_once(pg: PgDatabase):
     again.stop()
 
 
+def _small_segments_reader(pg: PgDatabase, tmp_path: Any) -> PgcdcStreamReader:
+    """A reader of table t (id, pad) whose spool has 64 kB segments, in ``tmp_path``."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    create_publication(pg.dsn(), "pub", tables=["t"])
+    create_slot_with_snapshot(pg.dsn(), "s").release()
+    return _reader(pg, spoolDir=str(tmp_path), spoolSegmentBytes="64k")
+
+
 def test_a_confirm_between_a_message_spooled_and_framed_keeps_it(pg: PgDatabase, tmp_path):
     """Spark confirms a batch (releasing the spool below what is still needed) at any moment,
     also between the receiver writing a message to the spool and the framer taking it. When
     that message was the first of a streamed transaction's block, the release went past it,
     and reading the transaction at its commit failed (spool range not available)."""
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
-    create_publication(pg.dsn(), "pub", tables=["t"])
-    create_slot_with_snapshot(pg.dsn(), "s").release()
-    reader = _reader(pg, spoolDir=str(tmp_path), spoolSegmentBytes="64k")
+    reader = _small_segments_reader(pg, tmp_path)
     start = reader.initialOffset()
     receiver = reader._rt().receiver
     pg.execute("INSERT INTO t VALUES (0, 'first')")
@@ -249,10 +254,7 @@ def test_an_open_streamed_transaction_keeps_only_its_own_spool_segments(
     """A transaction streamed while it stays open (a long ETL job, or one prepared): its blocks
     stay in the spool until it ends, and everything Spark committed meanwhile goes. Before, its
     first block was the release floor and the spool kept all that came after it."""
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY, pad text)")
-    create_publication(pg.dsn(), "pub", tables=["t"])
-    create_slot_with_snapshot(pg.dsn(), "s").release()
-    reader = _reader(pg, spoolDir=str(tmp_path), spoolSegmentBytes="64k")
+    reader = _small_segments_reader(pg, tmp_path)
     start = reader.initialOffset()
     receiver = reader._rt().receiver
     with pg.connect(autocommit=False) as long:
