@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from collections import Counter
@@ -332,3 +333,29 @@ def test_unfinished_snapshot_is_copied_again(pg: PgDatabase, spark: Any, tmp_pat
     assert_equal(again)
     history = DeltaTarget(plan.table("public.items").path(again.layout, "history")).read()
     assert history.num_rows == 30 and set(history.column("__start_op").to_pylist()) == {"S"}
+
+
+@newest_server
+def test_a_torn_first_checkpoint_write_does_not_stall_later_runs(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """A kill -9 while Spark renamed the checkpoint's first offset file left
+    ``offsets/.0.<uuid>.tmp``: Spark refuses a checkpoint at batch 0 that holds any file, so
+    every later run failed the same way (found by the kill -9 chaos suite)."""
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int)")
+    pg.execute("INSERT INTO items SELECT g, g FROM generate_series(1, 30) g")
+    config = make_config(pg, tmp_path / "lake", [{"name": "items"}])
+    first = Pipeline(config, spark=spark)
+    first.run(until_caught_up=True)  # the copy; nothing to stream yet
+    assert first.state is not None
+    checkpoint = first.state.checkpoint(first.layout)
+    shutil.rmtree(checkpoint)  # as it was when the first run was killed amid its first batch
+    (checkpoint / "offsets").mkdir(parents=True)
+    (checkpoint / "offsets" / ".0.51c21851-4c3a-4a4e-9d7f-3c4f6b0e8a11.tmp").write_text("v1\n")
+    pg.execute("UPDATE items SET qty = -qty WHERE id % 3 = 0")
+    pg.execute("INSERT INTO items VALUES (31, 31)")
+
+    second = Pipeline(config, spark=spark)
+    second.run(until_caught_up=True)
+    assert_equal(second)
+    assert not list((checkpoint / "offsets").glob(".*.tmp"))

@@ -33,3 +33,28 @@ def test_a_lake_of_the_delta_rs_writer_is_refused_with_the_fix(tmp_path: Path) -
     layout.state_file.write_text(json.dumps(data))
     with pytest.raises(StateError, match=r"earlier pgcdc .*Move the lake away"):
         load_state(layout)
+
+
+def test_torn_checkpoint_writes_are_removed(tmp_path: Path) -> None:
+    """A kill -9 while Spark renamed the first offset file left ``offsets/.0.<uuid>.tmp``:
+    Spark then refused the checkpoint on every start (it must be empty at batch 0). The
+    temporary files go; the logs' own files stay."""
+    from pgcdc.lake.state import remove_torn_writes
+
+    offsets = tmp_path / "offsets"
+    commits = tmp_path / "commits"
+    offsets.mkdir()
+    commits.mkdir()
+    (offsets / ".0.51c21851.tmp").write_text("v1")
+    (offsets / "..0.51c21851.tmp.crc").write_text("x")
+    (offsets / "1").write_text("v1")
+    (offsets / ".1.crc").write_text("x")
+    (commits / ".1.aa.tmp").write_text("v1")
+    removed = remove_torn_writes(tmp_path)
+    assert sorted(removed) == [
+        "commits/.1.aa.tmp",
+        "offsets/..0.51c21851.tmp.crc",
+        "offsets/.0.51c21851.tmp",
+    ]
+    assert sorted(p.name for p in offsets.iterdir()) == [".1.crc", "1"]
+    assert remove_torn_writes(tmp_path / "missing") == []

@@ -42,6 +42,7 @@ __all__ = [
     "committed_batch",
     "load_state",
     "planned_batch",
+    "remove_torn_writes",
     "save_state",
 ]
 
@@ -146,6 +147,24 @@ def _batch_ids(folder: Path) -> list[int]:
         return [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
     except OSError:  # no such folder yet
         return []
+
+
+def remove_torn_writes(checkpoint: Path) -> list[str]:
+    """Delete the temporary files a killed process left in the checkpoint's offset and commit
+    logs (Spark writes ``.<batch>.<uuid>.tmp`` and its ``.crc``, then renames it): Spark never
+    reads them, but a fresh checkpoint holding any file is refused for good
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). Only while no query runs; the names removed."""
+    removed = []
+    for folder in ("offsets", "commits"):
+        try:
+            names = [p for p in (checkpoint / folder).iterdir() if p.name.startswith(".")]
+        except OSError:  # no such folder yet
+            continue
+        for path in names:
+            if path.name.endswith((".tmp", ".tmp.crc")):
+                path.unlink(missing_ok=True)
+                removed.append(f"{folder}/{path.name}")
+    return removed
 
 
 def committed_batch(checkpoint: Path) -> int | None:

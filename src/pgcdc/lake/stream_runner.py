@@ -23,7 +23,7 @@ from pgcdc.lake.catalog import SourcePlan
 from pgcdc.lake.failures import FailureRecord, PipelineError, first_line, spark_hint
 from pgcdc.lake.maintenance import worker_for
 from pgcdc.lake.monitor import BatchEvents, SlotMonitor
-from pgcdc.lake.state import PipelineState
+from pgcdc.lake.state import PipelineState, remove_torn_writes
 from pgcdc.replication import Heartbeat, SlotHealth, scrub_secrets
 
 if TYPE_CHECKING:
@@ -122,6 +122,13 @@ class StreamRunner:
         source = self.config.source
         stream = self.config.stream
         checkpoint = state.checkpoint(self.layout)
+        torn = remove_torn_writes(checkpoint)
+        if torn:
+            log.warning(
+                "removed %d temporary file(s) a killed run left in the checkpoint: %s",
+                len(torn),
+                ", ".join(torn),
+            )
         writer = LakeBatchWriter(
             lake=str(self.layout.root),
             tables=plan.tables,
