@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import threading
@@ -359,3 +360,28 @@ def test_a_torn_first_checkpoint_write_does_not_stall_later_runs(
     second.run(until_caught_up=True)
     assert_equal(second)
     assert not list((checkpoint / "offsets").glob(".*.tmp"))
+
+
+@newest_server
+def test_a_float_key_changed_to_minus_zero_reads_minus_zero(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """PostgreSQL's 0 and -0 are one key but two values; an update between them is a key change
+    (its old key is sent). Spark's equality also takes them as one key, so the MERGE matched the
+    stored row and kept its 0 (keys were never set): the mirror read 0 where PostgreSQL reads
+    -0."""
+    pg.execute("CREATE TABLE f (id float8 PRIMARY KEY, r real UNIQUE NOT NULL, v int)")
+    pg.execute("ALTER TABLE f REPLICA IDENTITY USING INDEX f_r_key")
+    pg.execute("INSERT INTO f VALUES (0, 0, 1), (1, 1, 1)")
+    config = make_config(pg, tmp_path / "lake", [{"name": "f", "history": True}])
+    Pipeline(config, spark=spark).run(until_caught_up=True)
+    pg.execute("UPDATE f SET id = '-0', r = '-0', v = 2 WHERE id = 0")
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.run(until_caught_up=True)
+    rows = mirror_rows(pipeline, "public.f")
+    assert [(math.copysign(1, i), math.copysign(1, r), v) for i, r, v in rows] == [
+        (-1.0, -1.0, 2),
+        (1.0, 1.0, 1),
+    ]
+    assert_equal(pipeline)
+    assert_history_matches_mirror(pipeline, pipeline.plan.table("public.f"))  # type: ignore[union-attr]

@@ -141,8 +141,9 @@ def history_rows(
     end_lsn = F.when(by_trunc, trunc_lsn).otherwise(next_lsn)
     version_cols = []
     for i, name in enumerate(columns):
-        if name in table.row_keys:
-            version_cols.append(F.col(EV_KEY).getField(name).alias(name))
+        if name in table.row_keys:  # the value, not the key: grouping made a float's -0 read 0
+            key = F.col(EV_KEY).getField(name)
+            version_cols.append(F.coalesce(r.getField(value_column(i)), key).alias(name))
         else:
             version_cols.append(r.getField(value_column(i)).alias(name))
     keeps = [

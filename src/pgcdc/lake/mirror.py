@@ -88,8 +88,9 @@ def _mirror_columns(
     keys = table.row_keys
     out = []
     for i, name in enumerate(columns):
-        if name in keys:
-            out.append(F.col(EV_KEY).getField(name).alias(name))
+        if name in keys:  # the value, not the key: grouping made a float's -0 read 0
+            grouped = F.col(EV_KEY).getField(name)
+            out.append(F.coalesce(field(value_column(i)), grouped).alias(name))
         else:
             out.append(field(value_column(i)).alias(name))
     out.append(field(EV_LSN).alias(COMMIT_LSN))
@@ -272,13 +273,12 @@ def _merge(
 
     updates: dict[str, Any] = {}
     for i, name in enumerate(columns):
-        if name in keys:
-            continue
         flag = keep_flag(i)
-        if flag in rows.columns:
-            updates[quote_column(name)] = F.when(src(flag), tgt(name)).otherwise(src(name))
-        else:
+        # Keys too: equal keys can be different values (a float's 0 and -0).
+        if name in keys or flag not in rows.columns:
             updates[quote_column(name)] = src(name)
+        else:
+            updates[quote_column(name)] = F.when(src(flag), tgt(name)).otherwise(src(name))
     for name in (COMMIT_LSN, COMMIT_TIME):
         updates[quote_column(name)] = src(name)
     inserts = {quote_column(n): src(n) for n in [*columns, COMMIT_LSN, COMMIT_TIME]}
