@@ -385,3 +385,25 @@ def test_a_float_key_changed_to_minus_zero_reads_minus_zero(
     ]
     assert_equal(pipeline)
     assert_history_matches_mirror(pipeline, pipeline.plan.table("public.f"))  # type: ignore[union-attr]
+
+
+@newest_server
+def test_an_inheritance_parent_holds_its_own_rows(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """A publication of a table publishes its inheritance children too, and the stream sends
+    a child's changes under the child: the parent's copy read the children's rows as well
+    (``FROM`` without ``ONLY``), and kept them after the child deleted them."""
+    pg.execute("CREATE TABLE parent (id int PRIMARY KEY, v text)")
+    pg.execute("CREATE TABLE child (extra int) INHERITS (parent)")
+    pg.execute("ALTER TABLE child ADD PRIMARY KEY (id)")
+    pg.execute("INSERT INTO parent VALUES (1, 'p'), (2, 'p')")
+    pg.execute("INSERT INTO child VALUES (10, 'c', 0), (11, 'c', 0)")
+    config = make_config(pg, tmp_path / "lake", [{"name": "parent"}, {"name": "child"}])
+    Pipeline(config, spark=spark).run(until_caught_up=True)
+    pg.execute("DELETE FROM parent WHERE id IN (2, 10)")  # one row of each table
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.run(until_caught_up=True)
+    assert [r[0] for r in mirror_rows(pipeline, "public.parent")] == [1]
+    assert [r[0] for r in mirror_rows(pipeline, "public.child")] == [11]
+    assert_equal(pipeline)

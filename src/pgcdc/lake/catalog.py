@@ -522,6 +522,7 @@ def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> Sourc
                 history=config.history_for(settings),
                 changelog=config.changelog_for(settings),
                 config_key=key_name,
+                relkind=table.relkind,
             )
         )
         source_tables.append(table)

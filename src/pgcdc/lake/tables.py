@@ -168,6 +168,7 @@ class LakeTable:
     history: bool = False
     changelog: bool = False
     config_key: str | None = None  # e.g. "tables[2]", for error messages
+    relkind: str = "r"  # 'r' table, 'p' partitioned table (published via its root)
 
     @property
     def table_id(self) -> str:

@@ -29,6 +29,7 @@ from pgcdc.lake.catalog import source_columns
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout, LakeTable
 from pgcdc.lake.target import DeltaTarget
 from pgcdc.replication.database import connect_sql
+from pgcdc.spark.catalog import relation_scope
 
 __all__ = ["TableCheck", "compare_mirror", "compare_tables", "lake_rows", "source_rows"]
 
@@ -199,8 +200,9 @@ def source_rows(
 ) -> list[str]:
     """Canonical row texts of the source table (with its row filter)."""
     exprs = [_source_expr(c, t) for c, t in zip(columns, types, strict=True)]
-    query = sql.SQL("SELECT {} FROM {}").format(
+    query = sql.SQL("SELECT {} FROM {}{}").format(
         sql.SQL(", ").join(exprs) if exprs else sql.SQL("1"),
+        relation_scope(table.relkind),
         sql.Identifier(table.schema, table.name),
     )
     if table.row_filter:

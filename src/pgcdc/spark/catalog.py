@@ -32,6 +32,7 @@ __all__ = [
     "SourceCatalog",
     "current_table",
     "load_catalog",
+    "relation_scope",
 ]
 
 log = logging.getLogger("pgcdc.spark")
@@ -65,6 +66,7 @@ class CatalogTable:
     row_filter: RowFilterSQL | None = None
     pages: int = 0  # pg_relation_size / block size when loaded (snapshot planning)
     size_bytes: int = 0
+    relkind: str = "r"  # 'r' table, 'p' partitioned table (published via its root)
 
     @property
     def qualified(self) -> str:
@@ -259,7 +261,7 @@ def load_catalog(
             )
         result: list[CatalogTable] = []
         for table_key in keys:
-            relid, schema, name, replident, _kind, size = relations[table_key]
+            relid, schema, name, replident, kind, size = relations[table_key]
             size = int(size or 0)
             filters = wanted[table_key][1]
             result.append(
@@ -272,6 +274,7 @@ def load_catalog(
                     row_filter=_or_filters(filters),
                     pages=-(-int(size or 0) // block_size),
                     size_bytes=int(size or 0),
+                    relkind=str(kind),
                 )
             )
         types = _user_types(conn, result)
@@ -338,3 +341,12 @@ def current_table(
         if table.relid == relid:
             return table
     return None
+
+
+def relation_scope(relkind: str) -> psycopg.sql.SQL:
+    """``ONLY`` for a plain table, as PostgreSQL's tablesync copies it: an inheritance child's
+    rows are its own table's (the stream sends their changes under the child). A partitioned
+    table published via its root reads its partitions."""
+    from psycopg import sql
+
+    return sql.SQL("ONLY ") if relkind == "r" else sql.SQL("")

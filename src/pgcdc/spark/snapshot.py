@@ -55,7 +55,7 @@ from pgcdc.protocol.values import TypeRegistry
 from pgcdc.replication import slot_info
 from pgcdc.replication.copy import CopyConnection, StatementError
 from pgcdc.replication.database import connect_sql, with_codec_settings
-from pgcdc.spark.catalog import CatalogTable, SourceCatalog
+from pgcdc.spark.catalog import CatalogTable, SourceCatalog, relation_scope
 from pgcdc.spark.decode import ChangeDecoder, Label
 from pgcdc.spark.diagnostics import worker_logging
 from pgcdc.spark.errors import CopyAgain, OptionError, SparkSourceError
@@ -339,8 +339,11 @@ def copy_query(
         if conditions
         else sql.SQL("")
     )
-    return sql.SQL("COPY (SELECT {} FROM {}{}) TO STDOUT (FORMAT binary)").format(
-        _select_list(table, registry), sql.Identifier(table.schema, table.name), where
+    return sql.SQL("COPY (SELECT {} FROM {}{}{}) TO STDOUT (FORMAT binary)").format(
+        _select_list(table, registry),
+        relation_scope(table.relkind),
+        sql.Identifier(table.schema, table.name),
+        where,
     )
 
 
@@ -463,7 +466,7 @@ class PgcdcSnapshotReader(DataSourceReader):
                             sql.Literal(self.settings.snapshot)
                         )
                     )
-                    _check_not_rewritten(conn, table, self.settings.dsn)
+                    _check_not_rewritten(conn, table)
                 tuples = CopyTuples(len(table.columns), decode, counted)
                 sent = conn.copy_out(query, tuples.write)
                 tuples.close()
@@ -546,49 +549,25 @@ _REWRITTEN_SQL = sql.SQL(
 )
 
 
-#: The columns of the table and its partitions (as the query's snapshot sees the catalog)
-_COLUMNS_SQL = sql.SQL(
-    "SELECT a.attrelid::bigint, a.attnum, a.atttypid::bigint, a.atttypmod, a.attisdropped "
-    "FROM pg_catalog.pg_attribute a WHERE a.attnum > 0 AND (a.attrelid = {relid}::oid OR "
-    "a.attrelid IN (SELECT relid FROM pg_catalog.pg_partition_tree({relid}::oid::regclass))) "
-    "ORDER BY 1, 2"
-)
-
-
-def _check_not_rewritten(conn: CopyConnection, table: CatalogTable, dsn: str) -> None:
-    """Fail if the table was rewritten by a column change (``ALTER TABLE ... TYPE``, a volatile
-    ``DEFAULT``) after the snapshot: its rows would look deleted to the snapshot, the stream
-    carries no changes for them, and a copy would silently miss them. The lock keeps it from
-    happening later, until this range's copy ends.
-
-    A rewrite that leaves the columns as they were is safe to copy through: ``TRUNCATE``
-    (the rows the snapshot no longer sees are exactly those the streamed TRUNCATE, which comes
-    after the consistent point, removes), ``VACUUM FULL``, ``CLUSTER`` and ``SET TABLESPACE``
-    (they keep every row's visibility). The columns as the snapshot sees them are compared with
-    the current catalog, read on a new connection while this transaction holds the lock.
+def _check_not_rewritten(conn: CopyConnection, table: CatalogTable) -> None:
+    """Fail if the table's heap (or a partition's) was replaced after the snapshot; the lock
+    keeps it from happening later, until this range's copy ends. No rewrite can be copied
+    through: a rewriting ``ALTER TABLE`` and pg_repack give every row a new xmin (the snapshot
+    sees the table empty, and the stream carries none of them); ``VACUUM FULL`` and ``CLUSTER``
+    keep the rows visible but move them, so the page ranges of the copy read before and after
+    miss some and read others twice; and ``TRUNCATE`` looks the same as pg_repack from here.
     """
     name = sql.Identifier(table.schema, table.name)
     conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(name))
-    relid = sql.Literal(table.relid)
-    ((rewritten,),) = conn.execute(_REWRITTEN_SQL.format(relid=relid))
+    ((rewritten,),) = conn.execute(_REWRITTEN_SQL.format(relid=sql.Literal(table.relid)))
     if not rewritten:
         return
-    then = [tuple(row) for row in conn.execute(_COLUMNS_SQL.format(relid=relid))]
-    with CopyConnection(dsn) as current:
-        now = [tuple(row) for row in current.execute(_COLUMNS_SQL.format(relid=relid))]
-    if then == now:
-        log.info(
-            "%s was rewritten without column changes (TRUNCATE, VACUUM FULL, CLUSTER) after "
-            "the snapshot: copying it as the snapshot sees it",
-            table.qualified,
-        )
-        return
     raise CopyAgain(
-        f"{table.qualified} was rewritten by a column change (ALTER TABLE changing a column's "
-        "type or adding one with a volatile default) after the snapshot was taken: a copy in "
-        "that snapshot would miss its rows",
-        "copy again with a new snapshot (pgcdc run does so on its next start); avoid such DDL "
-        "while the initial copy runs",
+        f"{table.qualified} was rewritten after the snapshot was taken (TRUNCATE, VACUUM FULL, "
+        "CLUSTER, pg_repack, or ALTER TABLE changing a column's type or adding one with a "
+        "volatile default): a copy in that snapshot would miss or double its rows",
+        "copy again with a new snapshot (pgcdc run does so on its next start); avoid such "
+        "commands on published tables while the initial copy runs",
     )
 
 
