@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from pgcdc.lake.catalog import ensure_publication
 from pgcdc.lake.config import ConfigError, PipelineConfig, parse_config
@@ -406,4 +407,32 @@ def test_an_inheritance_parent_holds_its_own_rows(
     pipeline.run(until_caught_up=True)
     assert [r[0] for r in mirror_rows(pipeline, "public.parent")] == [1]
     assert [r[0] for r in mirror_rows(pipeline, "public.child")] == [11]
+    assert_equal(pipeline)
+
+
+@newest_server
+def test_the_copy_outlasts_the_databases_time_limits(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """A database's ``idle_in_transaction_session_timeout`` (and PostgreSQL 17's
+    ``transaction_timeout``) ended the walsender holding the exported snapshot while the copy
+    ran, and its ``statement_timeout`` a long COPY: every start failed the same way."""
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, payload text)")
+    pg.execute("INSERT INTO items SELECT g, md5(g::text) FROM generate_series(1, 400000) g")
+    database = sql.Identifier(pg.dbname)
+    for setting in ("idle_in_transaction_session_timeout", "transaction_timeout"):
+        pg.execute(
+            sql.SQL("ALTER DATABASE {} SET {} = '1s'").format(database, sql.Identifier(setting))
+        )
+    pg.execute(sql.SQL("ALTER DATABASE {} SET statement_timeout = '300ms'").format(database))
+    config = make_config(
+        pg, tmp_path / "lake", [{"name": "items"}], stream={"snapshot_partitions_per_table": 1}
+    )
+    first = Pipeline(config, spark=spark)
+    result = first.run(until_caught_up=True)
+    assert result.snapshot_rows == {"public.items": 400000}
+    assert result.snapshot_seconds > 2  # longer than every limit
+    pg.execute("UPDATE items SET payload = 'x' WHERE id % 1000 = 0")
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.run(until_caught_up=True)
     assert_equal(pipeline)

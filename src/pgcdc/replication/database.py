@@ -18,12 +18,15 @@ from pgcdc.replication.failures import classify
 
 __all__ = [
     "CODEC_OUTPUT_SETTINGS",
+    "UNLIMITED_SETTINGS",
+    "UNLIMITED_TRANSACTION",
     "Connectable",
     "connect_sql",
     "raise_sql_error",
     "server_name",
     "sql_connection",
     "with_codec_settings",
+    "without_time_limits",
 ]
 
 Connectable: TypeAlias = "str | psycopg.Connection[Any]"
@@ -78,13 +81,41 @@ CODEC_OUTPUT_SETTINGS: tuple[tuple[str, str], ...] = (
 )
 
 
+#: A database's or role's limits that would end pgcdc's long work midway, every time: a
+#: copy's COPY (``statement_timeout``), the lock it takes first, the idle transaction that
+#: holds an exported snapshot while the copy runs. ``transaction_timeout`` (PostgreSQL 17+)
+#: is set after connecting: see ``UNLIMITED_TRANSACTION``.
+UNLIMITED_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("statement_timeout", "0"),
+    ("lock_timeout", "0"),
+    ("idle_in_transaction_session_timeout", "0"),
+)
+
+#: ``transaction_timeout = 0`` where the server has the setting (an unknown name in the
+#: startup options would refuse the connection); a query, as simple SQL for a walsender too
+UNLIMITED_TRANSACTION = (
+    "SELECT pg_catalog.set_config('transaction_timeout', '0', false) "
+    "WHERE pg_catalog.current_setting('server_version_num')::int >= 170000"
+)
+
+
 def with_codec_settings(dsn: str) -> str:
     """``dsn`` with ``CODEC_OUTPUT_SETTINGS`` added to its ``options`` (after the user's own,
     so they win): for the connections whose values pgcdc decodes as text (the Spark source's
     replication connection, the initial copy's)."""
+    return _with_options(dsn, CODEC_OUTPUT_SETTINGS)
+
+
+def without_time_limits(dsn: str) -> str:
+    """``dsn`` with ``UNLIMITED_SETTINGS`` added to its ``options`` (after the user's own): for
+    the initial copy's connections and the one holding its exported snapshot."""
+    return _with_options(dsn, UNLIMITED_SETTINGS)
+
+
+def _with_options(dsn: str, settings: tuple[tuple[str, str], ...]) -> str:
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    ours = " ".join(f"-c {name}={value}" for name, value in CODEC_OUTPUT_SETTINGS)
+    ours = " ".join(f"-c {name}={value}" for name, value in settings)
     try:
         theirs = str(conninfo_to_dict(dsn).get("options") or "")
         return make_conninfo(dsn, options=f"{theirs} {ours}".strip())

@@ -21,7 +21,14 @@ import psycopg
 from psycopg import sql
 
 from pgcdc.lsn import Lsn
-from pgcdc.replication.database import Connectable, raise_sql_error, server_name, sql_connection
+from pgcdc.replication.database import (
+    UNLIMITED_TRANSACTION,
+    Connectable,
+    raise_sql_error,
+    server_name,
+    sql_connection,
+    without_time_limits,
+)
 from pgcdc.replication.errors import (
     ReplicationError,
     SlotActiveError,
@@ -350,7 +357,8 @@ def create_slot_with_snapshot(
     check_slot_name(name)
     server = describe_server(dsn)
     try:
-        transport = transport_factory(dsn, connect_timeout=connect_timeout)
+        # the snapshot is held in an idle transaction for as long as the copy runs
+        transport = transport_factory(without_time_limits(dsn), connect_timeout=connect_timeout)
     except TransportError as exc:
         raise classify(exc.message, exc.sqlstate, server=server, slot=name).error from None
     options = [sql.SQL("SNAPSHOT 'export'")]
@@ -362,6 +370,7 @@ def create_slot_with_snapshot(
         sql.SQL(", ").join(options),
     )
     try:
+        transport.command(UNLIMITED_TRANSACTION)
         rows = transport.command(command.as_string())
     except TransportError as exc:
         transport.close()

@@ -54,7 +54,12 @@ from pgcdc.protocol.messages import Column, Relation
 from pgcdc.protocol.values import TypeRegistry
 from pgcdc.replication import slot_info
 from pgcdc.replication.copy import CopyConnection, StatementError
-from pgcdc.replication.database import connect_sql, with_codec_settings
+from pgcdc.replication.database import (
+    UNLIMITED_TRANSACTION,
+    connect_sql,
+    with_codec_settings,
+    without_time_limits,
+)
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog, relation_scope
 from pgcdc.spark.decode import ChangeDecoder, Label
 from pgcdc.spark.diagnostics import worker_logging
@@ -457,8 +462,10 @@ class PgcdcSnapshotReader(DataSourceReader):
                 emit(batch)
 
         # text-form columns (types the codec has no binary reader for) print as it reads them
-        with CopyConnection(with_codec_settings(self.settings.dsn)) as conn:
+        dsn = without_time_limits(with_codec_settings(self.settings.dsn))
+        with CopyConnection(dsn) as conn:
             try:
+                conn.execute(UNLIMITED_TRANSACTION)
                 conn.execute("BEGIN TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 if self.settings.snapshot:
                     conn.execute(
