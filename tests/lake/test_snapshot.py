@@ -214,3 +214,35 @@ def test_dictionary_columns_are_judged_on_the_first_rows() -> None:
     late = pa.array([i % 2 if i < DICTIONARY_SAMPLE else i for i in range(n)], pa.int64())
     early = pa.array([i if i < DICTIONARY_SAMPLE else 0 for i in range(n)], pa.int64())
     assert dictionary_columns(pa.table({"late": late, "early": early})) == ["late"]
+
+
+def test_file_statistics_bound_every_value_or_give_none(tmp_path: Path) -> None:
+    """A row group without min/max (pyarrow writes none for text over 4 kB) made the file's
+    bounds those of the other row groups: a MERGE by key range then skipped the file holding
+    the long key. A date after 9999 failed every copy (no Python date). Both now give no
+    bounds for the column (a MERGE reads the file), and the other columns keep theirs."""
+    import json
+    from datetime import date
+
+    import pyarrow.parquet as pq
+
+    from pgcdc.lake.snapshot import SnapshotOutput, file_stats
+
+    long = "z" * 5000
+    days = pa.array([0, 2_932_897 + 10], pa.int32()).cast(pa.date32())  # 1970, year 10000
+    table = pa.table(
+        {
+            "k": pa.array(["a", "b", "c", long]),
+            "n": pa.array([1, 2, 3, 4], pa.int64()),
+            "d": pa.concat_arrays([pa.array([date(2020, 1, 1)] * 2, pa.date32()), days]),
+        }
+    )
+    path = tmp_path / "part.parquet"
+    pq.write_table(table, path, row_group_size=2)
+    output = SnapshotOutput(
+        "public.t", "t", "mirror", str(tmp_path), table.schema, table.schema, ("k", "n", "d")
+    )
+    stats = json.loads(file_stats(str(path), output))
+    assert stats["numRecords"] == 4
+    assert stats["minValues"] == {"n": 1} and stats["maxValues"] == {"n": 4}
+    assert stats["nullCount"] == {"k": 0, "n": 0, "d": 0}

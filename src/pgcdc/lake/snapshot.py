@@ -239,18 +239,32 @@ def file_stats(path: str, output: SnapshotOutput) -> str:
         if not chunks or any(s is None or not s.has_null_count for s in chunks):
             continue
         nulls[name] = sum(int(s.null_count) for s in chunks)
-        valued = [s for s in chunks if s.has_min_max]
-        lows = [_stat_value(types[name], s.min) for s in valued]
-        highs = [_stat_value(types[name], s.max) for s in valued]
-        if valued and None not in lows and None not in highs:
-            low = min(v for v in lows if v is not None)
-            high = max(v for v in highs if v is not None)
-            if isinstance(low, datetime) and isinstance(high, datetime):
-                low = _timestamp_stat(low, upper=False)
-                high = _timestamp_stat(high, upper=True)
-            minimum[name] = low
-            maximum[name] = high
+        bounds = _bounds(types[name], chunks)
+        if bounds is not None:
+            minimum[name], maximum[name] = bounds
     return stats_json(meta.num_rows, minimum, maximum, nulls)
+
+
+def _bounds(dtype: pa.DataType, chunks: list[Any]) -> tuple[Any, Any] | None:
+    """The column's min and max over the row groups, as Delta records them; None when some
+    row group holding values has none (pyarrow writes none for text over 4 kB: bounds of the
+    others would leave its keys outside, and a MERGE would skip the file) or when a value has
+    no Python or Delta form (a date after 9999 or before year 1)."""
+    if any(not s.has_min_max and s.num_values > 0 for s in chunks):
+        return None
+    valued = [s for s in chunks if s.has_min_max]
+    try:
+        lows = [_stat_value(dtype, s.min) for s in valued]
+        highs = [_stat_value(dtype, s.max) for s in valued]
+        if not valued or None in lows or None in highs:
+            return None
+        low = min(v for v in lows if v is not None)
+        high = max(v for v in highs if v is not None)
+        if isinstance(low, datetime) and isinstance(high, datetime):
+            return _timestamp_stat(low, upper=False), _timestamp_stat(high, upper=True)
+    except (OverflowError, ValueError):
+        return None
+    return low, high
 
 
 @dataclass(frozen=True, slots=True)
