@@ -254,3 +254,39 @@ def test_all_tables_and_schema_publications_make_filters_redundant(pg: PgDatabas
     assert set(a.filters) == {"delete"}  # insert: IN SCHEMA, update: ALL TABLES
     assert set(b.filters) == {"insert", "delete"}
     assert list(StreamFilter(filters).filter_messages(unfiltered)) == filtered
+
+
+COLLATED = """
+CREATE TABLE c_utf8 (k int PRIMARY KEY, name text COLLATE "C.utf8");
+ALTER TABLE c_utf8 REPLICA IDENTITY FULL;
+CREATE TABLE c_icu (k int PRIMARY KEY, name text COLLATE "en-x-icu");
+ALTER TABLE c_icu REPLICA IDENTITY FULL;
+CREATE PUBLICATION cf_utf8 FOR TABLE c_utf8 WHERE (upper(name) = 'É');
+CREATE PUBLICATION cf_icu FOR TABLE c_icu WHERE (name < 'a');
+CREATE PUBLICATION cu FOR TABLE c_utf8, c_icu;
+"""
+
+
+def test_a_columns_own_collation_is_the_filters(pg: PgDatabase) -> None:
+    """A text column declared with a collation of its own compares and maps case under it,
+    not under the database's (C here): the client upper-cased 'é' as ASCII and dropped the
+    row the server sent, and ordered text under ICU by code point, letting through rows the
+    server dropped. C.UTF-8's case mapping is now evaluated as the server does; ordering under
+    ICU is refused, as under an ICU database."""
+    from pgcdc.filters import CollationError
+
+    with pg.connect() as conn:
+        conn.execute(COLLATED)
+        server.create_slot(conn, "coll_slot")
+        conn.execute("INSERT INTO c_utf8 VALUES (1, 'é'), (2, 'e'), (3, 'É')")
+        conn.execute("INSERT INTO c_icu VALUES (1, 'B'), (2, 'A'), (3, '0')")
+        filtered = server.slot_messages(conn, "coll_slot", ["cf_utf8"], binary=False)
+        unfiltered = server.slot_messages(conn, "coll_slot", ["cu"], binary=False)
+        utf8 = load_publications(conn, ["cf_utf8"])
+        icu = load_publications(conn, ["cf_icu"])
+    assert utf8.rule("public", "c_utf8").collations == {"name": ("C.utf8", "pg_catalog")}  # type: ignore[union-attr]
+    assert [m.new[0] for m in _changes(filtered)] == ["1", "3"]  # type: ignore[union-attr]
+    only_utf8 = [m for m in unfiltered if not isinstance(m, Insert) or m.new[1] in "éeÉ"]
+    assert list(StreamFilter(utf8).filter_messages(only_utf8)) == filtered
+    with pytest.raises(CollationError, match="text ordering under collation en-x-icu"):
+        list(StreamFilter(icu).filter_messages(unfiltered))

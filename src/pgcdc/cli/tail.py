@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
                 collation=collation,
                 registry=registry,
             )
+            rules = FilterSet.from_config(filters, actions=actions).with_column_collations(conn)
             timezone = str(conn.execute("SHOW TimeZone").fetchone()[0])  # type: ignore[index]
             # a slot created with two_phase decodes prepared transactions at PREPARE time in
             # every protocol version, with or without the option (as test_decoding prints them)
@@ -186,7 +187,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             source = ReplicationSession(args.dsn, args.slot, options, acknowledge=not args.no_ack)
         if filters:
-            rules = FilterSet.from_config(filters, actions=actions)
             source = FilteredSource(
                 source, StreamFilter(rules, registry=registry, collation=collation)
             )

@@ -23,7 +23,7 @@ from pgcdc.filters.evaluate import Evaluator
 from pgcdc.filters.fold import fold
 from pgcdc.filters.parser import parse_expression
 from pgcdc.filters.sql import render, to_sql
-from pgcdc.filters.validate import prepare
+from pgcdc.filters.validate import ColumnCollations, prepare
 from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.protocol.messages import Relation, TupleValue, UnchangedToast
 from pgcdc.protocol.values import ConversionError, TypeRegistry
@@ -50,6 +50,7 @@ class RowFilter:
         *,
         publishes_update_or_delete: bool = True,
         collation: str = "C",
+        column_collations: ColumnCollations | None = None,
     ) -> BoundFilter:
         """This filter bound to ``relation`` (a pgoutput Relation message).
 
@@ -57,7 +58,9 @@ class RowFilter:
         filter may only use replica identity columns (the Relation's key flags; every column
         for REPLICA IDENTITY FULL). ``collation`` is the database's collation, which text
         columns and literals use: text ordering and case mapping are refused under anything
-        but C/POSIX. ``registry`` converts the column values (built-in types by default).
+        but C/POSIX (and C.UTF-8's case mapping); ``column_collations`` the columns declared
+        with another (``source.column_collations``). ``registry`` converts the column values
+        (built-in types by default).
         """
         try:
             bound = Binder(relation).bind(self.expression)
@@ -66,6 +69,7 @@ class RowFilter:
                 relation,
                 publishes_update_or_delete=publishes_update_or_delete,
                 collation=collation,
+                column_collations=column_collations or {},
             )
         except RowFilterError as exc:
             raise exc.with_expression(self.text) from None

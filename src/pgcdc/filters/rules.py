@@ -14,10 +14,11 @@ is then unfiltered). ``load_publications`` reproduces get_rel_sync_entry for tha
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeAlias
 
 from pgcdc.filters.rowfilter import RowFilter
+from pgcdc.filters.validate import ColumnCollations
 
 __all__ = [
     "ACTIONS",
@@ -55,6 +56,8 @@ class TableRule:
     table: str
     actions: frozenset[str]
     filters: Mapping[Action, tuple[PublishedFilter, ...]] = field(default_factory=dict)
+    #: the table's columns declared with a collation of their own (``column_collations``)
+    collations: ColumnCollations = field(default_factory=dict)
 
     def is_filtered(self) -> bool:
         return bool(self.filters)
@@ -162,6 +165,17 @@ class FilterSet:
         """The filters of the server's publications (see ``load_publications``)."""
         return load_publications(conn, publication_names)
 
+    def with_column_collations(self, conn: Any) -> FilterSet:
+        """These rules with their tables' column collations read from the catalog (a psycopg
+        3 connection): text compares and maps case under a column's own collation, and the
+        filters refuse what they cannot evaluate exactly under it."""
+
+        def read(rule: TableRule) -> TableRule:
+            namespace, _, name = rule.table.partition(".")
+            return replace(rule, collations=column_collations(conn, namespace, name))
+
+        return FilterSet(read(r) if r.is_filtered() else r for r in self._rules.values())
+
     def rule(self, namespace: str, name: str) -> TableRule | None:
         """The rule of a table, or None when no filter configuration names it."""
         return self._rules.get(f"{namespace}.{name}")
@@ -222,6 +236,25 @@ class _Rel:
     ancestors: tuple[int, ...]  # immediate parent first, root last
 
 
+_COLLATIONS_QUERY = """
+SELECT a.attname::text, l.collname::text, n.nspname::text
+FROM pg_catalog.pg_attribute a
+JOIN pg_catalog.pg_collation l ON l.oid = a.attcollation
+JOIN pg_catalog.pg_namespace n ON n.oid = l.collnamespace
+JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace
+WHERE cn.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
+  AND a.attcollation <> 100
+"""
+
+
+def column_collations(conn: Any, namespace: str, name: str) -> ColumnCollations:
+    """The table's columns declared with a collation other than the database's default (a
+    filter compares and maps their text under it, as the server does)."""
+    rows = conn.execute(_COLLATIONS_QUERY, (namespace, name)).fetchall()
+    return {column: (collation, schema) for column, collation, schema in rows}
+
+
 def load_publications(conn: Any, names: Sequence[str]) -> FilterSet:
     """The FilterSet a walsender streaming ``names`` (pgoutput's publication_names, in that
     order) would apply, read from a psycopg 3 connection (PostgreSQL 15+).
@@ -262,7 +295,7 @@ def load_publications(conn: Any, names: Sequence[str]) -> FilterSet:
         }
     quals: dict[tuple[int, int], str | None] = {(r[1], r[0]): r[2] for r in rel_rows}
     schemas = {(r[0], r[1]) for r in schema_rows}
-    return _simulate(pubs, relations, quals, schemas)
+    return _simulate(pubs, relations, quals, schemas).with_column_collations(conn)
 
 
 def _simulate(

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import psycopg
 
 from pgcdc.filters.rowfilter import RowFilter
+from pgcdc.filters.rules import column_collations
 from pgcdc.filters.stream import StreamFilter
 from pgcdc.lsn import Lsn
 from pgcdc.protocol import MAX_PROTO_VERSION, Column, Decoder, Encoder, Relation
@@ -155,10 +156,12 @@ def check_filters(
     for table, exprs in filters.items():
         namespace, _, name = table.partition(".")
         relation = relation_from_catalog(conn, namespace, name)
+        collations = column_collations(conn, namespace, name)
         for expr in exprs:
             RowFilter.parse(expr).bind(
                 relation,
                 registry,
                 publishes_update_or_delete=False,
                 collation=collation,
+                column_collations=collations,
             )

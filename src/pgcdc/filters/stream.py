@@ -223,6 +223,7 @@ class StreamFilter:
                         publishes_update_or_delete=action != "insert"
                         and item.publishes_update_or_delete,
                         collation=self.collation,
+                        column_collations=rule.collations,
                     )
                     for item in published
                 ]

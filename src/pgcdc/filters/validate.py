@@ -14,8 +14,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 from pgcdc.filters import datums, pg_builtins
 from pgcdc.filters.binder import INVALID_EXPRESSION, children
@@ -48,7 +49,11 @@ from pgcdc.filters.errors import (
 from pgcdc.filters.functions import COLLATION_SENSITIVE, IMPLEMENTATIONS, UNICODE_CASE_SUFFIX
 from pgcdc.protocol.messages import Relation
 
-__all__ = ["C_COLLATIONS", "prepare", "unicode_simple_case"]
+__all__ = ["C_COLLATIONS", "ColumnCollations", "prepare", "unicode_simple_case"]
+
+#: The columns declared with a collation other than the database's default, by name: the
+#: collation's name and schema (``attcollation``; pgoutput's Relation does not carry it)
+ColumnCollations: TypeAlias = Mapping[str, tuple[str, str]]
 
 #: Collations whose text ordering is code point order and whose case mapping is ASCII-only.
 C_COLLATIONS = frozenset({"C", "POSIX", "ucs_basic"})
@@ -98,7 +103,8 @@ def _pos(location: int) -> int | None:
 class _Collations:
     """assign_collations: each node's (result) collation and its functions' input collation."""
 
-    def __init__(self) -> None:
+    def __init__(self, columns: ColumnCollations) -> None:
+        self.columns = columns
         self.result: dict[int, _Coll] = {}
         self.input: dict[int, _Coll] = {}
 
@@ -112,6 +118,9 @@ class _Collations:
             self.input[key] = _NO_COLL
         elif isinstance(node, Var | Const | CaseTestExpr | SQLValueFunction):
             state = self._leaf(node.type, node.location)
+            if isinstance(node, Var) and state.strength and node.name in self.columns:
+                name, schema = self.columns[node.name]  # the column's own (Var's varcollid)
+                state = _Coll(name, schema, _IMPLICIT, node.location)
             self.input[key] = _NO_COLL
         elif isinstance(node, CaseExpr):
             merged = _NO_COLL
@@ -377,10 +386,15 @@ def _attach(node: _N, unicode_case: frozenset[int] = frozenset()) -> _N:
 
 
 def prepare(
-    node: Bound, relation: Relation, *, publishes_update_or_delete: bool, collation: str
+    node: Bound,
+    relation: Relation,
+    *,
+    publishes_update_or_delete: bool,
+    collation: str,
+    column_collations: ColumnCollations,
 ) -> Bound:
     """Run every check on a bound filter; the tree ready for folding and evaluation."""
-    collations = _Collations()
+    collations = _Collations(column_collations)
     collations.visit(node)
     _check_rowfilter(node, collations)
     if publishes_update_or_delete:
