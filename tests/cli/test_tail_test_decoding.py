@@ -305,3 +305,39 @@ def test_binary_values_of_every_kind_print_as_test_decoding(pg: PgDatabase) -> N
     for binary in ([], ["--binary"]):
         got = _tail(pg, "--slot", "odd_pgoutput", "--publication", "podd", *binary)
         assert got.decode().splitlines() == expected.decode().splitlines(), binary
+
+
+def test_columns_the_publication_does_not_send_are_named(
+    pg: PgDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
+    """test_decoding prints stored generated columns; pgoutput sends them only from PostgreSQL
+    18 on with ``publish_generated_columns = stored``, and no column outside a column list.
+    tail printed such rows without them and said nothing; it now names the columns, and on
+    PostgreSQL 18 with the option prints what test_decoding prints."""
+    pg.execute(
+        "CREATE TABLE g (id int PRIMARY KEY, a int, twice int GENERATED ALWAYS AS (a * 2) STORED);"
+        "CREATE TABLE l (id int PRIMARY KEY, shown text, hidden text);"
+        "CREATE PUBLICATION pub FOR TABLE g, l (id, shown)"
+    )
+    for name, plugin in (("td", "test_decoding"), ("po", "pgoutput")):
+        pg.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (name, plugin))
+    pg.execute("INSERT INTO g VALUES (1, 21); INSERT INTO l VALUES (1, 'x', 'y')")
+    with caplog.at_level("WARNING", logger="pgcdc.tail"):
+        got = _tail(pg, "--slot", "po", "--publication", "pub")
+    assert b"twice" not in got and b"hidden" not in got
+    warned = [r.getMessage() for r in caplog.records if "not sent" in r.getMessage()]
+    assert len(warned) == 2
+    assert warned[0].startswith("public.g: column(s) twice are not sent") and "18" in warned[0]
+    assert warned[1].startswith("public.l: column(s) hidden are not sent")
+    if pg.major >= 18:
+        pg.execute("ALTER PUBLICATION pub SET TABLE g, l")
+        pg.execute("ALTER PUBLICATION pub SET (publish_generated_columns = stored)")
+        for name, plugin in (("td18", "test_decoding"), ("po18", "pgoutput")):
+            pg.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (name, plugin))
+        pg.execute("INSERT INTO g VALUES (2, 5); UPDATE l SET hidden = 'z'")
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="pgcdc.tail"):
+            got = _tail(pg, "--slot", "po18", "--publication", "pub")
+        assert not [r for r in caplog.records if "not sent" in r.getMessage()]
+        assert b"twice[integer]:10" in got and b"hidden[text]:'z'" in got
+        assert got == _test_decoding(pg, "td18")
