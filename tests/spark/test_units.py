@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -455,3 +456,37 @@ def test_spool_releases_the_segments_no_needed_range_touches(tmp_path: Any) -> N
     assert spool.released == offsets[16]
     assert list(spool.iter_records(offsets[16], offsets[17])) == [bytes([16]) * 1000]
     spool.close()
+
+
+def test_a_live_spool_is_never_swept_whatever_its_process_id(tmp_path: Any) -> None:
+    """A spool's folder is named after its process id, and the sweep removed the folders of
+    ids that were not alive: a driver in another PID namespace (a container sharing the
+    folder) has ids this one cannot see, so its live spool was deleted under it. Liveness is
+    now the owner's lock on the folder, which the kernel drops when the owner ends."""
+    from pgcdc.spark.spool import Spool
+
+    code = (
+        "import sys, time; from pgcdc.spark.spool import Spool; "
+        f"s = Spool({str(tmp_path)!r}); s.append(b'x'); print(s.directory, flush=True); "
+        "sys.stdin.read()"
+    )
+    owners = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    live, ended = (Path(p.stdout.readline().strip()) for p in owners)  # type: ignore[union-attr]
+    dead_pid = owners[0].pid + 1_000_000  # beyond pid_max: no process here has it
+    elsewhere = live.with_name(f"pgcdc-spool-{dead_pid}-other")
+    live.rename(elsewhere)  # as a driver in another PID namespace would name it
+    owners[1].kill()
+    owners[1].wait()
+    try:
+        mine = Spool(str(tmp_path))
+        assert elsewhere.exists(), "the live spool was swept"
+        assert not ended.exists(), "the ended process's spool was kept"
+        mine.close()
+    finally:
+        for owner in owners:
+            owner.communicate("")

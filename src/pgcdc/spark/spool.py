@@ -11,6 +11,7 @@ is private to the process and removed by ``close()``.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -36,13 +37,33 @@ DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 _PREFIX = "pgcdc-spool-"
 
 
-def _alive(pid: int) -> bool:
+#: In each spool directory: a file its process holds an exclusive flock on while it lives
+_OWNER = ".owner"
+
+
+def _owned(directory: Path) -> int:
+    """Lock the spool's owner file for this process's life (the kernel drops the lock when it
+    ends, however it ends); its descriptor."""
+    draft = directory / f"{_OWNER}.new"
+    fd = os.open(draft, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    draft.rename(directory / _OWNER)  # a sweeper never sees it unlocked
+    return fd
+
+
+def _abandoned(directory: Path) -> bool:
+    """Whether no live process owns the spool. A process id says nothing here: a driver in
+    another PID namespace (a container sharing the folder) has ids this one cannot see."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(directory / _OWNER, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:  # being created, or being removed: not ours to judge
         return False
-    except PermissionError:
-        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # also releases the lock taken just now
     return True
 
 
@@ -50,9 +71,8 @@ def _sweep(base: Path) -> None:
     """Delete the spools of reader processes that ended without cleaning up (Spark may end
     them with a signal)."""
     for path in base.glob(f"{_PREFIX}*-*"):
-        pid_text = path.name[len(_PREFIX) :].split("-", 1)[0]
-        if pid_text.isdigit() and int(pid_text) != os.getpid() and not _alive(int(pid_text)):
-            log.info("removing the spool of ended process %s: %s", pid_text, path)
+        if path.is_dir() and _abandoned(path):
+            log.info("removing the spool of an ended process: %s", path)
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -70,6 +90,7 @@ class Spool:
         base.mkdir(parents=True, exist_ok=True)
         _sweep(base)
         self.directory = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base))
+        self._owner = _owned(self.directory)
         self.segment_bytes = segment_bytes
         self._lock = threading.Lock()
         self._segments: list[int] = []  # first offsets of the live segments, ascending
@@ -248,3 +269,4 @@ class Spool:
                 self._file = None
             self._segments.clear()
         shutil.rmtree(self.directory, ignore_errors=True)
+        os.close(self._owner)
