@@ -147,3 +147,69 @@ def test_schema_change_fails_the_batch_until_restart(
 
     rows = run_stream(spark, pg.dsn(), "spark_slot", ["pub"], checkpoint_dir).rows
     assert [r[column]["new"] for r in rows] == [{"id": 3, "v": "c", "w": 7}]
+
+
+@newest_server
+def test_a_rewrite_check_never_waits_on_a_lock_behind_the_copy(
+    pg: PgDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a partition of a table published via its root was truncated (a rewrite), the
+    copy's check read the current columns on a second connection with pg_partition_tree,
+    which locks every partition: it waited for a TRUNCATE of another partition, which waited
+    for the copy's lock, which waited for the check. PostgreSQL cannot see that cycle, so it
+    hung for good. The check now reads pg_inherits, which locks nothing."""
+    import psycopg
+
+    from pgcdc.replication.copy import CopyConnection
+    from pgcdc.spark import snapshot, snapshot_options, snapshot_reader
+
+    pg.execute(
+        "CREATE TABLE m (id int, k int, PRIMARY KEY (id, k)) PARTITION BY LIST (k);"
+        "CREATE TABLE m1 PARTITION OF m FOR VALUES IN (1);"
+        "CREATE TABLE m2 PARTITION OF m FOR VALUES IN (2);"
+        "INSERT INTO m SELECT g, 1 + g % 2 FROM generate_series(1, 100) g;"
+        "CREATE PUBLICATION pub FOR TABLE m WITH (publish_via_partition_root = true)"
+    )
+    exported = create_slot_with_snapshot(pg.dsn(), "rewrite_slot")
+    outcome: list[str] = []
+
+    def truncate_m2() -> None:
+        try:
+            with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+                conn.execute("SET lock_timeout = '20s'")
+                conn.execute("TRUNCATE m2")
+            outcome.append("truncated")
+        except psycopg.Error as exc:
+            outcome.append(f"TRUNCATE m2 failed: {exc}")
+
+    class LockedThenTruncated(CopyConnection):
+        """Another session truncates m2 once the copy holds its lock on m."""
+
+        def execute(self, statement: Any) -> list[tuple[Any, ...]]:
+            result = super().execute(statement)
+            text = statement if isinstance(statement, str) else statement.as_string(None)
+            if text.startswith("LOCK TABLE"):
+                threading.Thread(target=truncate_m2, daemon=True).start()
+                time.sleep(1)  # the TRUNCATE now waits for this transaction's lock
+            return result
+
+    try:
+        reader = snapshot_reader(
+            snapshot_options(pg.dsn(), exported=exported, publications=["pub"])
+        )
+        pg.execute("TRUNCATE m1")  # after the snapshot: a rewrite the copy must check
+        monkeypatch.setattr(snapshot, "CopyConnection", LockedThenTruncated)
+        started = time.monotonic()
+        rows = 0
+        for partition in reader.partitions():
+            batches: list[Any] = []
+            reader.copy(partition, batches.append)
+            rows += sum(b.num_rows for b in batches)
+        took = time.monotonic() - started
+    finally:
+        exported.release()
+    deadline = time.monotonic() + 30
+    while not outcome and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert outcome == ["truncated"] and took < 15, (outcome, took)
+    assert rows == 50  # m2's: m1's heap is the truncated one (the streamed TRUNCATE follows)
