@@ -191,3 +191,68 @@ def test_drop_force_under_a_running_pipeline_names_the_pipeline_fix(
     assert "slot 'ops_slot' is gone from the source" in text, log_tail(log)
     assert f"move the lake {tmp_path / 'lake'} away and run again" in text, log_tail(log)
     assert "create_slot" not in text, log_tail(log)
+
+
+@pytest.mark.slow
+@newest_server
+def test_a_lake_in_use_refuses_a_second_run_and_drop(
+    pg: PgDatabase, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing held a lake for its run. During a first run's initial copy (its slot idle), a
+    second run took the copy for an abandoned one: it dropped the slot, deleted the tables
+    the first had written and copied again, then the first wrote its older state over the
+    second's. ``drop`` dropped the slot under the copying run, which then erased the drop's
+    record. Both are now refused at once, and nothing changes."""
+    import threading
+
+    from pgcdc.lake.config import load_config
+    from pgcdc.lake.monitor import RunObserver
+    from pgcdc.lake.pipeline import Pipeline
+    from pgcdc.lake.state import StateError
+
+    class HoldTheCopy(RunObserver):
+        def __init__(self) -> None:
+            self.copying = threading.Event()
+            self.release = threading.Event()
+
+        def snapshot_progress(self, table: str | None, rows: int) -> None:
+            if table is not None and not self.copying.is_set():
+                self.copying.set()
+                self.release.wait(300)
+
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO items SELECT g, 'v' || g FROM generate_series(1, 100) g")
+    path = write_config(tmp_path, pg.dsn())
+    config = load_config(path)
+    hold = HoldTheCopy()
+    first = Pipeline(config, spark=spark, observer=hold)
+    outcome: list[BaseException | None] = []
+
+    def run_first() -> None:
+        try:
+            first.run(until_caught_up=True)
+            outcome.append(None)
+        except BaseException as exc:  # reported below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run_first, daemon=True)
+    thread.start()
+    try:
+        assert hold.copying.wait(300), outcome
+        before = load_state(first.layout)
+        started = time.monotonic()
+        with pytest.raises(StateError, match=r"is in use by pgcdc run \(pid \d+"):
+            Pipeline(config, spark=spark).run(until_caught_up=True)
+        assert time.monotonic() - started < 30
+        assert main(["drop", "--config", str(path), "--yes"]) == 1
+        err = " ".join(capsys.readouterr().err.split())
+        assert "is in use by pgcdc run" in err and "nothing was dropped" in err
+        assert slots(pg) == ["ops_slot"] and load_state(first.layout) == before
+    finally:
+        hold.release.set()
+        thread.join(300)
+    assert outcome == [None]
+    state = load_state(first.layout)
+    assert state is not None and state.generation == 1 and state.snapshot_done
+    assert main(["drop", "--config", str(path), "--yes"]) == 0  # the lake is free again
+    assert slots(pg) == []

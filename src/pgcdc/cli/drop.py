@@ -70,8 +70,36 @@ def _say(console: Console, text: str, style: str | None = None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pgcdc.lake.config import ConfigError, load_config
-    from pgcdc.lake.state import StateError, load_state
+    from pgcdc.lake.state import StateError, run_lock
     from pgcdc.lake.tables import LakeLayout
+
+    console = Console(stderr=True)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        _say(console, str(exc), "red")
+        return 2
+    layout = LakeLayout(config.lake.path)
+    if not layout.state_dir.is_dir():  # no run ever held this lake: nothing to lock
+        return _drop(args, config, layout, console)
+    try:
+        with run_lock(layout, what="pgcdc drop"):
+            return _drop(args, config, layout, console)
+    except StateError as exc:  # a run holds the lake: its slot may look idle (a copy)
+        if not args.force:
+            _say(
+                console,
+                f"pgcdc drop: {exc}; or pass --force to drop under it (nothing was dropped)",
+                "red",
+            )
+            return 1
+        _say(console, f"pgcdc drop: {exc}; dropping under it (--force)")
+        return _drop(args, config, layout, console)
+
+
+def _drop(args: argparse.Namespace, config: Any, layout: Any, console: Console) -> int:
+    from pgcdc.lake.config import ConfigError
+    from pgcdc.lake.state import StateError, load_state
     from pgcdc.replication import (
         ReplicationError,
         drop_publication,
@@ -82,13 +110,6 @@ def run(args: argparse.Namespace) -> int:
     from pgcdc.replication.database import connect_sql, server_name
     from pgcdc.replication.slot import ACTIVE_WAIT_SECONDS, wait_for_release
 
-    console = Console(stderr=True)
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        _say(console, str(exc), "red")
-        return 2
-    layout = LakeLayout(config.lake.path)
     try:
         state = load_state(layout)
     except StateError as exc:

@@ -60,7 +60,7 @@ from pgcdc.lake.failures import PipelineError, spark_reason
 from pgcdc.lake.initial_copy import InitialCopy
 from pgcdc.lake.monitor import Observer, RunObserver, SlotMonitor
 from pgcdc.lake.schema_evolution import evolve
-from pgcdc.lake.state import PipelineState, load_state, save_state
+from pgcdc.lake.state import PipelineState, load_state, run_lock, save_state
 from pgcdc.lake.stream_runner import StreamRunner
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout
 from pgcdc.metrics import PipelineMetrics
@@ -262,8 +262,15 @@ class Pipeline:
         until_caught_up: bool = False,
         on_started: Callable[[Pipeline], None] | None = None,
     ) -> RunResult:
-        """Start or resume the pipeline; returns when caught up (or stopped)."""
-        plan = self.check() if self.plan is None else self.plan
+        """Start or resume the pipeline; returns when caught up (or stopped). The lake is held
+        for the whole run (``run_lock``): a second process on it is refused at once."""
+        with run_lock(self.layout):
+            return self._run(until_caught_up=until_caught_up, on_started=on_started)
+
+    def _run(
+        self, *, until_caught_up: bool, on_started: Callable[[Pipeline], None] | None
+    ) -> RunResult:
+        plan = self.check()  # under the lock: the state as the last holder left it
         self.fatal = None
         self._serve_metrics()
         try:

@@ -22,9 +22,12 @@ offset and commit logs (``offsets/<batch>``, ``commits/<batch>``) without Spark.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +46,7 @@ __all__ = [
     "load_state",
     "planned_batch",
     "remove_torn_writes",
+    "run_lock",
     "save_state",
 ]
 
@@ -149,6 +153,36 @@ def _batch_ids(folder: Path) -> list[int]:
         return []
 
 
+#: The file a running pipeline holds an exclusive flock on (``run_lock``)
+RUN_LOCK = "run.lock"
+
+
+@contextmanager
+def run_lock(layout: LakeLayout, *, what: str = "pgcdc run") -> Iterator[None]:
+    """Hold the lake for one process: ``pgcdc run`` for its whole life, ``pgcdc drop`` while
+    it drops. Another holder gets a ``StateError`` naming its process; the kernel drops the
+    lock however the holder ends (kill -9 included), so nothing is left to clean up."""
+    layout.state_dir.mkdir(parents=True, exist_ok=True)
+    path = layout.state_dir / RUN_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+        os.close(fd)
+        raise StateError(
+            f"the lake {layout.root} is in use by {holder}: {what} changes nothing while "
+            "another pgcdc process runs on it. Fix: stop that process first (or wait for it "
+            "to end); two pipelines need two lake paths"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{what} (pid {os.getpid()} on {os.uname().nodename})".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
 def remove_torn_writes(checkpoint: Path) -> list[str]:
     """Delete the temporary files a killed process left in the checkpoint's offset and commit
     logs (Spark writes ``.<batch>.<uuid>.tmp`` and its ``.crc``, then renames it): Spark never
@@ -223,8 +257,17 @@ def load_state(layout: LakeLayout) -> PipelineState | None:
 
 
 def save_state(layout: LakeLayout, state: PipelineState) -> None:
+    """Write ``state`` atomically. A drop recorded in the file stays recorded: ``pgcdc drop
+    --force`` may drop under a run whose state in memory predates it."""
     layout.state_dir.mkdir(parents=True, exist_ok=True)
     path = layout.state_file
+    if state.dropped_at is None:
+        try:
+            earlier = json.loads(path.read_text(encoding="utf-8")).get("dropped_at")
+        except (OSError, ValueError, AttributeError):
+            earlier = None
+        if isinstance(earlier, str):
+            state = replace(state, dropped_at=earlier)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     data = asdict(state)
     data["tables"] = list(state.tables)
