@@ -45,6 +45,7 @@ A lake whose slot ``pgcdc drop`` dropped (``state.dropped_at``) is never copied 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -60,11 +61,13 @@ from pgcdc.lake.failures import PipelineError, spark_reason
 from pgcdc.lake.initial_copy import InitialCopy
 from pgcdc.lake.monitor import Observer, RunObserver, SlotMonitor
 from pgcdc.lake.schema_evolution import evolve
+from pgcdc.lake.shape import recorded_shape, shape_problem
 from pgcdc.lake.state import PipelineState, load_state, run_lock, save_state
 from pgcdc.lake.stream_runner import StreamRunner
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout
 from pgcdc.metrics import PipelineMetrics
-from pgcdc.replication import Heartbeat, scrub_secrets
+from pgcdc.replication import Heartbeat, scrub_secrets, source_catalog
+from pgcdc.replication.database import connect_sql
 
 __all__ = ["Pipeline", "PipelineError", "RunResult", "session_conf"]
 
@@ -205,6 +208,7 @@ class Pipeline:
         plan = self.plan
         if plan is None:
             return
+        self.check_shapes()  # first: a renamed column must not be dropped as a gone one
         spark = self.spark()
         numbers = {table.table_id: source_columns(self.dsn, table) for table in plan.tables}
         self._check_column_numbers(numbers)
@@ -220,6 +224,45 @@ class Pipeline:
 
                 keep = T.StructType([f for f in schema.fields if f.name not in gone])
                 evolve(spark, path, keep, drop_missing=True, what=f"{table.table_id} mirror")
+
+    def check_shapes(self, *, replan: bool = False) -> None:
+        """Stop before a query starts when a table changed in a way the lake cannot follow
+        (``pgcdc.lake.shape``); then record the tables' shapes. ``replan``: read the tables'
+        keys again (a restart for a schema change: the run's plan predates it)."""
+        plan = self.plan
+        if replan:
+            # a table renamed away fails the plan: the run's plan then names what is missing
+            with contextlib.suppress(ConfigError):
+                plan = plan_source(self.dsn, self.config)
+        state = load_state(self.layout) or self.state
+        if plan is None or state is None:
+            return
+        with connect_sql(self.dsn) as conn:
+            now = {
+                t.table_id: source_catalog.table_shape(conn, t.schema, t.name) for t in plan.tables
+            }
+        problems = []
+        for table in plan.tables:
+            before = state.shapes.get(table.table_id)
+            problem = None if before is None else shape_problem(table, before, now[table.table_id])
+            if problem is not None:
+                problems.append(problem)
+        if problems:
+            raise PipelineError(
+                f"{'; '.join(problems)}: the lake cannot follow that, its rows no longer "
+                "match what the stream changes. Nothing after it was written. Fix: copy the "
+                "table again: run a new pipeline (another slot, publication and lake path), or "
+                "`pgcdc drop` this one, move its lake away and run again"
+            )
+        shapes = {
+            t.table_id: recorded_shape(t, shape)
+            for t in plan.tables
+            if (shape := now[t.table_id]) is not None
+        }
+        if shapes != {t: state.shapes.get(t) for t in shapes}:
+            state = state.evolve(shapes={**state.shapes, **shapes})
+            save_state(self.layout, state)
+            self.state = state
 
     def _check_column_numbers(self, numbers: dict[str, dict[str, int]]) -> None:
         """Refuse a column dropped and added again under its name since the columns were last

@@ -97,6 +97,9 @@ class PipelineState:
     #: table id -> column -> attnum, as the source had them when a query last started: a
     #: column dropped and added again under its name comes back with another attnum
     columns: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: table id -> what the lake follows it by, as when a query last started (``shape.py``):
+    #: {"oid": int, "keys": [...], "multiset": bool, "columns": {name: [attnum, type, typmod]}}
+    shapes: dict[str, dict[str, Any]] = field(default_factory=dict)
     created_at: str = field(default_factory=_now)
     updated_at: str = field(default_factory=_now)
     format: int = STATE_FORMAT

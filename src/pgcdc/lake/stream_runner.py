@@ -150,6 +150,8 @@ class StreamRunner:
         options["pauseFile"] = str(pause)
         restarts = 0
         while not pipeline.stopping.is_set():
+            if restarts:  # a schema change: the first start checked in drop_gone_columns
+                pipeline.check_shapes(replan=True)
             spark = pipeline.spark()
             df = read_stream(spark, pipeline.dsn, source.slot, [source.publication], **options)
             query_writer = df.writeStream.foreachBatch(writer).option(

@@ -26,6 +26,7 @@ __all__ = [
     "RelationRow",
     "ServerFacts",
     "TableColumn",
+    "TableShape",
     "UserTable",
     "current_columns",
     "current_user",
@@ -42,6 +43,7 @@ __all__ = [
     "server_facts",
     "server_identity",
     "table_columns",
+    "table_shape",
     "user_tables",
     "written_when_added",
 ]
@@ -191,6 +193,31 @@ def current_columns(conn: psycopg.Connection[Any], schema: str, name: str) -> di
         (sql.Identifier(schema, name).as_string(conn),),
     ).fetchall()
     return {str(n): int(k) for n, k in rows}
+
+
+class TableShape(NamedTuple):
+    """What a table is, beyond its name: the lake follows it while these stay (``oid``: a
+    table dropped and created again under its name has another; ``columns``: name ->
+    (attnum, type OID, typmod) of the columns that are not generated)."""
+
+    oid: int
+    columns: dict[str, tuple[int, int, int]]
+
+
+def table_shape(conn: psycopg.Connection[Any], schema: str, name: str) -> TableShape | None:
+    """The table's shape now; None when no table has the name (renamed or dropped)."""
+    rows = conn.execute(
+        "SELECT c.oid::int8, a.attname::text, a.attnum::int, a.atttypid::int8, a.atttypmod "
+        "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 "
+        "AND NOT a.attisdropped AND a.attgenerated = '' "
+        "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p') ORDER BY a.attnum",
+        (schema, name),
+    ).fetchall()
+    if not rows:
+        return None
+    columns = {str(a): (int(k), int(t), int(m)) for _, a, k, t, m in rows if a is not None}
+    return TableShape(int(rows[0][0]), columns)
 
 
 def written_when_added(conn: psycopg.Connection[Any], schema: str, name: str, column: str) -> bool:

@@ -59,6 +59,8 @@ def mismatch(relation: Relation, table: CatalogTable | None) -> bool:
             return True
         if known.type_oid != column.type_id or known.type_modifier != column.type_modifier:
             return True
+        if known.key != bool(column.flags & 1):  # the replica identity moved
+            return True
     return False
 
 
@@ -85,6 +87,13 @@ def judge(relation: Relation, table: CatalogTable | None, current: CatalogTable 
             return Verdict(name, f"renamed from {table.qualified}")
         return Verdict(name, None)
     changes = []
+    keys = [c.name for c in relation.columns if c.flags & 1]
+    if (
+        current is not None
+        and [c.name for c in table.columns if c.key] != keys
+        and [c.name for c in current.columns if c.key] == keys
+    ):
+        changes.append(f"replica identity now ({', '.join(keys)})")
     for column in relation.columns:
         known = table.column(column.name)
         now = current.column(column.name) if current is not None else None
