@@ -23,6 +23,7 @@ from pgcdc.cli import main
 from pgcdc.cli.throwaway_server import free_port
 from pgcdc.lake.config import load_config
 from pgcdc.lake.pipeline import Pipeline
+from pgcdc.lake.state import RUN_LOCK
 from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase
 from tests.fix_pipeline import Background
@@ -69,7 +70,7 @@ def lake_snapshot(lake: Path) -> dict[str, object]:
             out[rel + "@version"] = DeltaTarget(path).version()
         elif path.is_file() and "_delta_log" in rel:
             out[rel] = path.stat().st_size
-        elif path.is_file() and rel.startswith("_pgcdc/"):
+        elif path.is_file() and rel.startswith("_pgcdc/") and path.name != RUN_LOCK:
             out[rel] = path.read_bytes()
     return out
 

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from pgcdc.cli import main
-from pgcdc.lake.state import PipelineState, load_state, save_state
+from pgcdc.lake.state import RUN_LOCK, PipelineState, load_state, save_state
 from pgcdc.lake.tables import LakeLayout
 from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_status import write_config
@@ -31,7 +31,7 @@ def lake_files(lake: Path) -> dict[str, int]:
     return {
         str(p.relative_to(lake)): p.stat().st_mtime_ns
         for p in lake.rglob("*")
-        if p.is_file() and p.name != "state.json"
+        if p.is_file() and p.name not in ("state.json", RUN_LOCK)
     }
 
 
@@ -73,6 +73,8 @@ def test_drop_removes_its_slot_and_publication_only(
     state = load_state(LakeLayout(lake))
     assert state is not None and state.dropped_at is not None
 
+    assert main(["run", "--config", str(config), "--check"]) == 1  # said "OK, resuming"
+    assert "was dropped by pgcdc drop" in capsys.readouterr().err
     assert main(["run", "--config", str(config), "--until-caught-up"]) == 1
     err = capsys.readouterr().err
     assert "was dropped by pgcdc drop" in err and "move the lake away" in err

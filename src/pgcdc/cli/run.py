@@ -340,6 +340,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan = pipeline.check()
         if args.check:
+            from pgcdc.lake.bootstrap import start_point
+
+            # what run would refuse at start (a dropped, lost or foreign slot); reads only
+            start_point(config, pipeline.state, pipeline.dsn)
             out.say(
                 f"configuration OK: {len(plan.tables)} tables "
                 f"({', '.join(t.table_id for t in plan.tables)}), "

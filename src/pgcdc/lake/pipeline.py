@@ -307,6 +307,10 @@ class Pipeline:
     ) -> RunResult:
         """Start or resume the pipeline; returns when caught up (or stopped). The lake is held
         for the whole run (``run_lock``): a second process on it is refused at once."""
+        # what fails on a bad configuration, source or Spark fails before the lake is created
+        self.check()
+        start_point(self.config, self.state, self.dsn)
+        self.spark()
         with run_lock(self.layout):
             return self._run(until_caught_up=until_caught_up, on_started=on_started)
 

@@ -37,6 +37,7 @@ from pgcdc.errors import PgcdcError
 from pgcdc.lake.tables import LakeLayout
 
 __all__ = [
+    "RUN_LOCK",
     "STATE_FORMAT",
     "BatchFailure",
     "PipelineState",
