@@ -319,11 +319,11 @@ def test_columns_the_publication_does_not_send_are_named(
         "CREATE TABLE l (id int PRIMARY KEY, shown text, hidden text);"
         "CREATE PUBLICATION pub FOR TABLE g, l (id, shown)"
     )
-    for name, plugin in (("td", "test_decoding"), ("po", "pgoutput")):
+    for name, plugin in (("gen_td", "test_decoding"), ("gen_po", "pgoutput")):
         pg.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (name, plugin))
     pg.execute("INSERT INTO g VALUES (1, 21); INSERT INTO l VALUES (1, 'x', 'y')")
     with caplog.at_level("WARNING", logger="pgcdc.tail"):
-        got = _tail(pg, "--slot", "po", "--publication", "pub")
+        got = _tail(pg, "--slot", "gen_po", "--publication", "pub")
     assert b"twice" not in got and b"hidden" not in got
     warned = [r.getMessage() for r in caplog.records if "not sent" in r.getMessage()]
     assert len(warned) == 2
@@ -332,12 +332,12 @@ def test_columns_the_publication_does_not_send_are_named(
     if pg.major >= 18:
         pg.execute("ALTER PUBLICATION pub SET TABLE g, l")
         pg.execute("ALTER PUBLICATION pub SET (publish_generated_columns = stored)")
-        for name, plugin in (("td18", "test_decoding"), ("po18", "pgoutput")):
+        for name, plugin in (("gen_td18", "test_decoding"), ("gen_po18", "pgoutput")):
             pg.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (name, plugin))
         pg.execute("INSERT INTO g VALUES (2, 5); UPDATE l SET hidden = 'z'")
         caplog.clear()
         with caplog.at_level("WARNING", logger="pgcdc.tail"):
-            got = _tail(pg, "--slot", "po18", "--publication", "pub")
+            got = _tail(pg, "--slot", "gen_po18", "--publication", "pub")
         assert not [r for r in caplog.records if "not sent" in r.getMessage()]
         assert b"twice[integer]:10" in got and b"hidden[text]:'z'" in got
-        assert got == _test_decoding(pg, "td18")
+        assert got == _test_decoding(pg, "gen_td18")
