@@ -83,7 +83,9 @@ def test_cut_connections_lose_and_double_nothing(
     expected = {i for i in range(300)} | {
         g for i in range(0, 300, 50) for g in range(100_000 + i * 1000, 100_000 + i * 1000 + 801)
     }
-    deadline = time.monotonic() + 60
+    deadline = (
+        time.monotonic() + 180
+    )  # a loaded machine: the last streamed transaction may come late
     while set(plugin.ids) != expected and time.monotonic() < deadline and not errors:
         time.sleep(0.1)
     stop.set()
