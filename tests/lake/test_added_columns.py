@@ -134,7 +134,7 @@ def test_a_column_dropped_and_added_again_under_its_name(
     pg.execute("ALTER TABLE c DROP COLUMN x")
     pg.execute("ALTER TABLE c ADD COLUMN x int DEFAULT 7")
     pg.execute("INSERT INTO c VALUES (3, 1, 30)")
-    with pytest.raises(Exception, match=r"'x' of public\.c were dropped and added") as failed:
+    with pytest.raises(Exception, match=r"column 'x' of public\.c was dropped and added") as failed:
         Pipeline(config, spark=spark).run(until_caught_up=True)
     assert "copy the table again" in str(failed.value)
 

@@ -8,6 +8,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -388,8 +389,9 @@ def test_rows_written_before_a_column_was_added_read_its_missing_value():
     from pgcdc.spark.decode import ChangeDecoder, Label, decode_transactions
     from pgcdc.spark.schema import source_schema
 
-    def column(name: str, oid: int, missing: str | None = None, key: bool = False):
-        return CatalogColumn(name, oid, -1, "t", 1 if oid == 1007 else 0, key, missing)
+    def column(name: str, oid: int, missing: str | None = None):
+        # REPLICA IDENTITY FULL: every column is in the key, as pgoutput flags them
+        return CatalogColumn(name, oid, -1, "t", 1 if oid == 1007 else 0, True, missing)
 
     table = CatalogTable(
         16384,
@@ -397,7 +399,7 @@ def test_rows_written_before_a_column_was_added_read_its_missing_value():
         "t",
         "f",
         (
-            column("id", 23, key=True),
+            column("id", 23),
             column("doomed", 25, "never read"),
             column("v", 25),
             column("extra", 20, "7"),
@@ -490,3 +492,21 @@ def test_a_live_spool_is_never_swept_whatever_its_process_id(tmp_path: Any) -> N
     finally:
         for owner in owners:
             owner.communicate("")
+
+
+def test_a_spool_without_an_owner_file_is_judged_by_its_process_id(tmp_path: Any) -> None:
+    """An earlier pgcdc's spools have no owner file: they were never swept again. One an hour
+    old whose process is gone is removed; one whose process lives, or a fresh one, stays."""
+    from pgcdc.spark.spool import Spool
+
+    old = time.time() - 7200
+    gone = tmp_path / f"pgcdc-spool-{os.getpid() + 1_000_000}-old"
+    live = tmp_path / f"pgcdc-spool-{os.getppid()}-old"
+    fresh = tmp_path / f"pgcdc-spool-{os.getpid() + 1_000_001}-new"
+    for folder in (gone, live, fresh):
+        folder.mkdir()
+        (folder / "00000000000000000000.seg").write_bytes(b"x")
+    for folder in (gone, live):
+        os.utime(folder, (old, old))
+    Spool(str(tmp_path)).close()
+    assert not gone.exists() and live.exists() and fresh.exists()

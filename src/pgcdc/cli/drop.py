@@ -24,8 +24,10 @@ names another slot than the configuration).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from pgcdc.lake.config import ConfigError, load_config
     from pgcdc.lake.state import StateError, run_lock
     from pgcdc.lake.tables import LakeLayout
+    from pgcdc.replication.slot import ACTIVE_WAIT_SECONDS
 
     console = Console(stderr=True)
     try:
@@ -82,18 +85,27 @@ def run(args: argparse.Namespace) -> int:
     layout = LakeLayout(config.lake.path)
     if not layout.state_dir.is_dir():  # no run ever held this lake: nothing to lock
         return _drop(args, config, layout, console)
-    try:
-        with run_lock(layout, what="pgcdc drop"):
-            return _drop(args, config, layout, console)
-    except StateError as exc:  # a run holds the lake: its slot may look idle (a copy)
-        if not args.force:
-            _say(
-                console,
-                f"pgcdc drop: {exc}; or pass --force to drop under it (nothing was dropped)",
-                "red",
-            )
-            return 1
-        _say(console, f"pgcdc drop: {exc}; dropping under it (--force)")
+    with contextlib.ExitStack() as stack:
+        # a run stopping right now (a service stopped, then dropped) lets go in a while
+        deadline = time.monotonic() + (0 if args.force else ACTIVE_WAIT_SECONDS)
+        while True:
+            try:
+                stack.enter_context(run_lock(layout, what="pgcdc drop"))
+                break
+            except StateError as exc:  # a run holds the lake: its slot may look idle (a copy)
+                if time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                if not args.force:
+                    _say(
+                        console,
+                        f"pgcdc drop: {exc}; or pass --force to drop under it (nothing was "
+                        "dropped)",
+                        "red",
+                    )
+                    return 1
+                _say(console, f"pgcdc drop: {exc}; dropping under it (--force)")
+                break
         return _drop(args, config, layout, console)
 
 

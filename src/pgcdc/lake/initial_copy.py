@@ -137,6 +137,7 @@ class InitialCopy:
             state = state.evolve(
                 consistent_point=str(exported.consistent_point),
                 snapshot_started_at=started_at.isoformat(),
+                shapes=_shapes_at(dsn, exported.snapshot_name, plan),
             )
             save_state(self.layout, state)
             log.info(
@@ -197,3 +198,25 @@ class InitialCopy:
         )
         self.observer.snapshot_finished(sum(snapshot.rows.values()), result.snapshot_seconds)
         return state
+
+
+def _shapes_at(dsn: str, snapshot: str, plan: SourcePlan) -> dict[str, dict[str, Any]]:
+    """The tables' shapes as the exported snapshot sees the catalog: the baseline the stream
+    compares with (``pgcdc.lake.shape``), so that DDL made while the copy runs is a change to
+    judge, not the baseline."""
+    from psycopg import sql
+
+    from pgcdc.lake.shape import recorded_shape
+    from pgcdc.replication import source_catalog
+    from pgcdc.replication.database import connect_sql
+
+    with connect_sql(dsn) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
+        shapes = {
+            table.table_id: recorded_shape(table, shape)
+            for table in plan.tables
+            if (shape := source_catalog.table_shape(conn, table.schema, table.name)) is not None
+        }
+        conn.execute("COMMIT")
+    return shapes

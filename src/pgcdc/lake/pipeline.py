@@ -45,7 +45,6 @@ A lake whose slot ``pgcdc drop`` dropped (``state.dropped_at``) is never copied 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -230,10 +229,12 @@ class Pipeline:
         (``pgcdc.lake.shape``); then record the tables' shapes. ``replan``: read the tables'
         keys again (a restart for a schema change: the run's plan predates it)."""
         plan = self.plan
+        unplanned: ConfigError | None = None
         if replan:
-            # a table renamed away fails the plan: the run's plan then names what is missing
-            with contextlib.suppress(ConfigError):
+            try:
                 plan = plan_source(self.dsn, self.config)
+            except ConfigError as exc:  # e.g. a table renamed away, or its key gone
+                unplanned = exc
         state = load_state(self.layout) or self.state
         if plan is None or state is None:
             return
@@ -244,9 +245,17 @@ class Pipeline:
         problems = []
         for table in plan.tables:
             before = state.shapes.get(table.table_id)
+            if before is None and table.table_id in state.columns:  # a state from before shapes
+                numbers = state.columns[table.table_id]
+                before = {"columns": {name: [number] for name, number in numbers.items()}}
             problem = None if before is None else shape_problem(table, before, now[table.table_id])
             if problem is not None:
                 problems.append(problem)
+        if unplanned is not None and not problems:
+            raise PipelineError(
+                f"the source changed while the query ran, and the pipeline's tables no longer "
+                f"plan: {unplanned}. Nothing after the change was written"
+            )
         if problems:
             raise PipelineError(
                 f"{'; '.join(problems)}: the lake cannot follow that, its rows no longer "

@@ -179,6 +179,13 @@ def run_lock(layout: LakeLayout, *, what: str = "pgcdc run") -> Iterator[None]:
             "another pgcdc process runs on it. Fix: stop that process first (or wait for it "
             "to end); two pipelines need two lake paths"
         ) from None
+    except OSError as exc:  # a filesystem without flock (some network filesystems)
+        os.close(fd)
+        raise StateError(
+            f"cannot lock {path} ({exc.strerror or exc}): pgcdc holds a lake with a file lock, "
+            "so that two processes never write it at once. Fix: put the lake on a filesystem "
+            "with working flock (a local disk)"
+        ) from None
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{what} (pid {os.getpid()} on {os.uname().nodename})".encode(), 0)

@@ -328,7 +328,8 @@ def read_columns(conn: psycopg.Connection[Any], relids: Sequence[int]) -> list[R
         "c.relreplident = 'f' OR COALESCE(a.attnum = ANY(i.indkey::int2[]), false), "
         "a.attgenerated::text "
         "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
-        "LEFT JOIN pg_catalog.pg_index i ON i.indrelid = c.oid AND ("
+        # as pgoutput flags them: a deferrable primary key is no replica identity
+        "LEFT JOIN pg_catalog.pg_index i ON i.indrelid = c.oid AND i.indimmediate AND ("
         "  (c.relreplident = 'd' AND i.indisprimary) "
         "  OR (c.relreplident = 'i' AND i.indisreplident)) "
         "WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped "

@@ -587,7 +587,8 @@ def _check_not_rewritten(
       pg_repack looks the same from here and cannot be told apart (see the README).
     """
     name = sql.Identifier(table.schema, table.name)
-    conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(name))
+    scope = relation_scope(table.relkind)  # not an inheritance parent's children
+    conn.execute(sql.SQL("LOCK TABLE {}{} IN ACCESS SHARE MODE").format(scope, name))
     relid = sql.Literal(table.relid)
     ((rewritten,),) = conn.execute(_REWRITTEN_SQL.format(relid=relid))
     if not rewritten:
@@ -605,9 +606,7 @@ def _check_not_rewritten(
         )
     ranged = partition.first_page is not None or partition.stop_page is not None
     if ranged:
-        visible = sql.SQL("SELECT EXISTS (SELECT 1 FROM {}{})").format(
-            relation_scope(table.relkind), name
-        )
+        visible = sql.SQL("SELECT EXISTS (SELECT 1 FROM {}{})").format(scope, name)
         ((moved,),) = conn.execute(visible)
         if moved:
             raise CopyAgain(

@@ -19,6 +19,7 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -46,8 +47,12 @@ def _owned(directory: Path) -> int:
     ends, however it ends); its descriptor."""
     draft = directory / f"{_OWNER}.new"
     fd = os.open(draft, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    draft.rename(directory / _OWNER)  # a sweeper never sees it unlocked
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        draft.rename(directory / _OWNER)  # a sweeper never sees it unlocked
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -56,15 +61,37 @@ def _abandoned(directory: Path) -> bool:
     another PID namespace (a container sharing the folder) has ids this one cannot see."""
     try:
         fd = os.open(directory / _OWNER, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:  # being created, or being removed: not ours to judge
+    except FileNotFoundError:
+        return _legacy_abandoned(directory)
+    except OSError:  # another user's spool (mode 0700): not ours to judge
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError:  # held: its owner lives
         return False
     finally:
         os.close(fd)  # also releases the lock taken just now
     return True
+
+
+def _legacy_abandoned(directory: Path) -> bool:
+    """A spool without an owner file: written by an earlier pgcdc, or its process ended while
+    creating it. Judged by the process id in its name, once it is an hour old (never one being
+    created now)."""
+    try:
+        age = time.time() - directory.stat().st_mtime
+    except OSError:
+        return False
+    pid_text = directory.name[len(_PREFIX) :].split("-", 1)[0]
+    if age < 3600 or not pid_text.isdigit() or int(pid_text) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _sweep(base: Path) -> None:
