@@ -56,6 +56,29 @@ def _copy_running(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
     return bool(rows[0][0])
 
 
+def _first_run_seen_copying(
+    pg: PgDatabase, pipeline: Pipeline
+) -> tuple[threading.Thread, list[RunResult | BaseException]]:
+    """``pipeline.run(until_caught_up=True)`` in a thread, returned once one of its copy's
+    ranges is being copied; the list gets what the run returned or raised."""
+    outcome: list[RunResult | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(pipeline.run(until_caught_up=True))
+        except BaseException as exc:  # reported by the caller
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 240
+    with pg.connect() as watcher:
+        while not _copy_running(watcher):
+            assert thread.is_alive() and time.monotonic() < deadline, f"no copy seen: {outcome}"
+            time.sleep(0.002)
+    return thread, outcome
+
+
 @pytest.mark.parametrize("ddl", [(ADD, DROP, WIDEN), (WIDEN, ADD)], ids=["drop", "rewrite"])
 @newest_server
 def test_schema_changes_during_the_initial_copy(
@@ -72,22 +95,7 @@ def test_schema_changes_during_the_initial_copy(
         [{"name": "big", "history": True}],
         stream={"snapshot_partitions_per_table": 24},
     )
-    first = Pipeline(config, spark=spark)
-    outcome: list[RunResult | BaseException] = []
-
-    def run() -> None:
-        try:
-            outcome.append(first.run(until_caught_up=True))
-        except BaseException as exc:  # reported below
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    deadline = time.monotonic() + 240
-    with pg.connect() as watcher:
-        while not _copy_running(watcher):
-            assert thread.is_alive() and time.monotonic() < deadline, f"no copy seen: {outcome}"
-            time.sleep(0.002)
+    thread, outcome = _first_run_seen_copying(pg, Pipeline(config, spark=spark))
     started = time.monotonic()
     for statement in ddl:  # each waits for the copy's ACCESS SHARE locks of the moment
         pg.execute(statement)
@@ -132,21 +140,7 @@ def test_a_rewrite_without_column_changes_during_the_initial_copy(
         [{"name": "big", "history": True}],
         stream={"snapshot_partitions_per_table": 24},
     )
-    outcome: list[RunResult | BaseException] = []
-
-    def run() -> None:
-        try:
-            outcome.append(Pipeline(config, spark=spark).run(until_caught_up=True))
-        except BaseException as exc:  # reported below
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    deadline = time.monotonic() + 240
-    with pg.connect() as watcher:
-        while not _copy_running(watcher):
-            assert thread.is_alive() and time.monotonic() < deadline, f"no copy seen: {outcome}"
-            time.sleep(0.002)
+    thread, outcome = _first_run_seen_copying(pg, Pipeline(config, spark=spark))
     pg.execute(rewrite)  # waits for the range being copied
     pg.execute("UPDATE big SET n = -n WHERE id % 1000 = 1")
     thread.join(600)
