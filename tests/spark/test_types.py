@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -225,3 +226,82 @@ def test_json_as_variant_time_as_time_and_row_filters(pg: PgDatabase, spark: Spa
     assert all(r.n == r.id for r in rows)
     assert {r.tag for r in rows} == {'{"t":1}'}
     assert {r.at for r in rows} == {dt.time(1, 2, 3, 500000)}
+
+
+TEXT_COLUMNS = """
+CREATE TABLE tc (
+    id int PRIMARY KEY, n numeric(10,2), m int[], bc char(4), ip inet, tz timestamptz, tm time,
+    pt point, tms time[]
+);
+"""
+TEXT_ROWS = """
+INSERT INTO tc VALUES
+    (1, 'NaN', '{{1,2},{3,4}}', 'ab', '10.0.0.1/32', '2024-01-02 03:04:05.5+02', '24:00:00',
+     '(1,2)', '{12:00:00.25}'),
+    (2, -3.5, '[0:1]={5,6}', NULL, '::1/128', 'infinity', '00:00:01', NULL, NULL)
+"""
+
+
+def test_text_columns_read_as_the_output_function_prints(
+    pg: PgDatabase, spark: SparkSession, checkpoint_dir
+) -> None:
+    """``textColumns``: the stream in binary and in text format and the snapshot agree, and each
+    value is what PostgreSQL's output function prints (under UTC); a time column is read that
+    way without the option (``24:00:00``)."""
+    pg.execute(TEXT_COLUMNS)
+    create_publication(pg.dsn(), "p_tc", tables=["tc"])
+    for slot in ("s_binary", "s_text"):
+        create_slot_with_snapshot(pg.dsn(), slot).release()
+    pg.execute(TEXT_ROWS)
+    texts = {"public.tc": ["n", "m", "bc", "ip", "tz", "pt", "tms"]}
+    binary = run_stream(
+        spark, pg.dsn(), "s_binary", ["p_tc"], checkpoint_dir / "b", textColumns=texts
+    ).rows
+    text = run_stream(
+        spark,
+        pg.dsn(),
+        "s_text",
+        ["p_tc"],
+        checkpoint_dir / "t",
+        textColumns=texts,
+        binary=False,
+    ).rows
+    snapshot_df = read_snapshot(spark, pg.dsn(), publications=["p_tc"], textColumns=texts)
+    image = snapshot_df.schema[table_column("public", "tc")].dataType["new"].dataType
+    assert image.simpleString() == (
+        "struct<id:int,n:string,m:string,bc:string,ip:string,tz:string,tm:string,pt:string,"
+        "tms:string>"
+    )
+    with pg.connect() as conn:
+        conn.execute("SET TimeZone = 'UTC'")
+        names = ["n", "m", "bc", "ip", "tz", "tm", "pt", "tms"]
+        printed = sql.SQL(", ").join(
+            sql.SQL("CASE WHEN {c} IS NOT NULL THEN format('%s', {c}) END").format(
+                c=sql.Identifier(c)
+            )
+            for c in names
+        )
+        query = sql.SQL("SELECT id, {} FROM tc").format(printed)
+        expected = {
+            row[0]: {"id": row[0], **dict(zip(names, row[1:], strict=True))}
+            for row in conn.execute(query)
+        }
+    assert expected[1]["tm"] == "24:00:00" and expected[1]["bc"] == "ab  "
+    via_copy = _new(ordered(snapshot_df), "tc")
+    assert _new(binary, "tc") == _new(text, "tc") == via_copy == expected
+
+
+@pytest.mark.parametrize(
+    ("texts", "message"),
+    [
+        ({"public.tc": ["nope"]}, "textColumns names column(s) 'nope' of public.tc"),
+        ({"public.other": ["n"]}, "textColumns names table public.other"),
+        ({"public.tc": "n"}, "the columns of 'public.tc' are not a list"),
+    ],
+)
+def test_text_columns_option_errors(
+    pg: PgDatabase, spark: SparkSession, texts: dict[str, Any], message: str
+) -> None:
+    pg.execute(TEXT_COLUMNS)
+    with pytest.raises(Exception, match=re.escape(message)):
+        read_snapshot(spark, pg.dsn(), tables=["public.tc"], textColumns=texts).schema  # noqa: B018

@@ -22,9 +22,10 @@ same way before any query uses them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,6 +259,44 @@ def _settings_for(
     return None
 
 
+def _text_columns(
+    table: SourceTable,
+    found: tuple[int, TableSettings] | None,
+    used: set[tuple[int, str]],
+) -> tuple[str, ...]:
+    """The entry's ``text_columns`` the table has, noted in ``used``. A generated column is
+    left for ``_text_column_problems`` to name: the stream does not carry it."""
+    if found is None:
+        return ()
+    index, settings = found
+    have = {c.name for c in table.columns if not c.generated}
+    columns = tuple(c for c in settings.text_columns if c in have)
+    used.update((index, c) for c in columns)
+    return columns
+
+
+def _text_column_problems(
+    config: PipelineConfig, entries: Iterable[int], used: set[tuple[int, str]]
+) -> list[tuple[str, str]]:
+    """A ``text_columns`` name found in no table its entry mirrors (a typo, or a column
+    dropped since) is refused, rather than silently mapping nothing."""
+    problems = []
+    for index in sorted(set(entries)):
+        entry = config.tables[index]
+        for column in entry.text_columns:
+            if (index, column) not in used:
+                what = "the table" if not entry.is_pattern else "any table the pattern matches"
+                problems.append(
+                    (
+                        f"tables[{index}].text_columns",
+                        f"{column!r} is not a column of {what} ({entry.name}) that the stream "
+                        "carries (generated columns are not sent): fix or remove the name "
+                        "(case-sensitive)",
+                    )
+                )
+    return problems
+
+
 def _same_tables(a: PublicationInfo, b: PublicationInfo) -> bool:
     def norm(info: PublicationInfo) -> set[tuple[str, str, str | None, tuple[str, ...]]]:
         return {(t.schema, t.name, t.row_filter, t.columns) for t in info.tables}
@@ -456,6 +495,7 @@ def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> Sourc
         wanted = existing
     lake_tables: list[LakeTable] = []
     source_tables: list[SourceTable] = []
+    used: set[tuple[int, str]] = set()  # (entry, column) of text_columns found in a table
     for published in wanted.tables:
         known = catalog.get((published.schema, published.name))
         if known is None:  # pragma: no cover - published tables are in the catalog
@@ -523,9 +563,11 @@ def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> Sourc
                 changelog=config.changelog_for(settings),
                 config_key=key_name,
                 relkind=table.relkind,
+                text_columns=_text_columns(table, found, used),
             )
         )
         source_tables.append(table)
+    problems.extend(_text_column_problems(config, chosen.values(), used))
     problems.extend(_select_problems(conn, source_tables))
     if problems:
         raise ConfigError(problems)
@@ -569,8 +611,9 @@ def missing_values(
         if column is None or column.missing is None:
             continue
         arrow = columns[name]
+        read = dataclasses.replace(column, as_text=name in table.text_columns)
         try:
-            array = missing_array(column, registry, arrow)
+            array = missing_array(read, registry, arrow)
             value = None if array is None else array[0].as_py()
             pa.scalar(value, type=arrow)
         except (TypeError, ValueError, ArithmeticError, pa.ArrowException):

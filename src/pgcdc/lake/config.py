@@ -441,6 +441,12 @@ class TableSettings(_Model):
     )
     history: bool | None = None
     changelog: bool | None = None
+    text_columns: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description="columns mirrored as the text their type's output function prints: for "
+        "values no typed column holds (NaN in numeric(p,s), arrays of more dimensions than "
+        "declared); a column must be in at least one table the entry names",
+    )
 
     @field_validator("name")
     @classmethod

@@ -20,6 +20,7 @@ from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source
 from pgcdc.lake.failures import PipelineError, first_line
 from pgcdc.lake.snapshot import remove_tables, write_snapshot
 from pgcdc.lake.state import PipelineState, load_state, save_state
+from pgcdc.lake.tables import text_columns_option
 from pgcdc.lsn import Lsn
 from pgcdc.replication import create_slot_with_snapshot, drop_slot, scrub_secrets, slot_info
 
@@ -157,6 +158,9 @@ class InitialCopy:
             partitions = self.config.stream.snapshot_partitions_per_table
             if partitions is not None:
                 options["partitionsPerTable"] = partitions
+            texts = text_columns_option(plan.tables)
+            if texts:
+                options["textColumns"] = texts
             try:
                 reader = snapshot_reader(
                     snapshot_options(

@@ -13,6 +13,8 @@ before any batch is written:
   key dropped so rows are mirrored copy by copy): the lake's rows and the stream's old keys
   no longer match, so deletes and updates would miss them;
 * a column renamed (its attnum under another name): the lake would read NULL in it;
+* a column put in or taken out of ``[[tables]] text_columns``: the lake holds its values as
+  text or typed, and cannot switch;
 * a column's type changed other than by widening its values unchanged (int2 -> int4 -> int8,
   float4 -> float8, varchar(n) -> varchar(m >= n) or text and back, numeric(p, s) ->
   numeric(q >= p, s), a timestamp's or time's precision raised): PostgreSQL rewrote every
@@ -51,6 +53,7 @@ def recorded_shape(table: LakeTable, shape: TableShape) -> dict[str, Any]:
         "keys": list(table.keys),
         "multiset": table.multiset,
         "columns": {name: list(facts) for name, facts in shape.columns.items()},
+        "text": sorted(table.text_columns),
     }
 
 
@@ -97,6 +100,18 @@ def shape_problem(table: LakeTable, before: dict[str, Any], now: TableShape | No
             f"({', '.join(table.keys)}) (a new primary key, or the replica identity moved)"
         )
     columns: dict[str, list[int]] = before.get("columns", {})
+    # the lake's column holds the typed values, or the text: it cannot switch (a column added
+    # since, or one without a recorded type, is not judged)
+    was_text = set(before.get("text", ()))
+    for column, facts in columns.items():
+        judged = len(facts) >= 3 and column in now.columns
+        if judged and (column in was_text) != (column in table.text_columns):
+            how = "as text now" if column in table.text_columns else "typed now, not as text"
+            entry = table.config_key or "[[tables]]"
+            return (
+                f"column {column!r} of {name} is mirrored {how} ({entry}.text_columns "
+                "changed), but the lake's rows hold it as before (restore text_columns to go on)"
+            )
     by_number = {facts[0]: column for column, facts in now.columns.items()}
     for column, facts in columns.items():
         attnum = facts[0]

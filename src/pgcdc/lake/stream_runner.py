@@ -24,6 +24,7 @@ from pgcdc.lake.failures import FailureRecord, PipelineError, first_line, spark_
 from pgcdc.lake.maintenance import worker_for
 from pgcdc.lake.monitor import BatchEvents, SlotMonitor
 from pgcdc.lake.state import PipelineState, remove_torn_writes
+from pgcdc.lake.tables import text_columns_option
 from pgcdc.replication import Heartbeat, SlotHealth, scrub_secrets
 
 if TYPE_CHECKING:
@@ -148,6 +149,9 @@ class StreamRunner:
         # between two even when batches follow each other at once (a busy source)
         pause = self.layout.state_dir / f"pause-{uuid.uuid4().hex}"
         options["pauseFile"] = str(pause)
+        texts = text_columns_option(plan.tables)
+        if texts:
+            options["textColumns"] = texts
         restarts = 0
         while not pipeline.stopping.is_set():
             if restarts:  # a schema change: the first start checked in drop_gone_columns

@@ -19,7 +19,7 @@ pgcdc's own columns start with two underscores (the convention Databricks' AUTO 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -37,6 +37,7 @@ __all__ = [
     "case_clashes",
     "encode_name",
     "reserved_column",
+    "text_columns_option",
 ]
 
 TableKind = Literal["mirror", "history", "changelog"]
@@ -169,6 +170,8 @@ class LakeTable:
     changelog: bool = False
     config_key: str | None = None  # e.g. "tables[2]", for error messages
     relkind: str = "r"  # 'r' table, 'p' partitioned table (published via its root)
+    #: columns mirrored as their type's text (``[[tables]] text_columns``)
+    text_columns: tuple[str, ...] = ()
 
     @property
     def table_id(self) -> str:
@@ -201,3 +204,17 @@ class LakeTable:
         if self.changelog:
             kinds.append("changelog")
         return tuple(kinds)
+
+
+def text_columns_option(tables: Iterable[LakeTable]) -> dict[str, list[str]]:
+    """The Spark source's ``textColumns`` option for ``tables``: quoted ``schema.table`` names
+    (dots and quotes in names kept) -> the columns read as text."""
+
+    def quoted(part: str) -> str:
+        return '"' + part.replace('"', '""') + '"'
+
+    return {
+        f"{quoted(t.schema)}.{quoted(t.name)}": list(t.text_columns)
+        for t in tables
+        if t.text_columns
+    }

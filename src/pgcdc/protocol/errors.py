@@ -16,10 +16,18 @@ class ProtocolError(PgcdcError, ValueError):
     problem was found; ``reason`` says what was wrong.
     """
 
-    def __init__(self, message_type: str | None, offset: int, reason: str) -> None:
+    def __init__(
+        self,
+        message_type: str | None,
+        offset: int,
+        reason: str,
+        column: tuple[str, str, str] | None = None,
+    ) -> None:
         self.message_type = message_type
         self.offset = offset
         self.reason = reason
+        #: (schema, table, column) of a value its column's type cannot take, else None
+        self.column = column
         name = MESSAGE_NAMES.get(message_type or "")
         what = (
             f"{name} message ({message_type!r})"
@@ -29,7 +37,7 @@ class ProtocolError(PgcdcError, ValueError):
         super().__init__(f"bad pgoutput {what} at byte {offset}: {reason}")
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (ProtocolError, (self.message_type, self.offset, self.reason))
+        return (ProtocolError, (self.message_type, self.offset, self.reason, self.column))
 
 
 class CopyFormatError(PgcdcError, ValueError):
@@ -37,14 +45,18 @@ class CopyFormatError(PgcdcError, ValueError):
     column's type cannot take. ``row`` is the tuple's index in the list decoded, ``offset`` the
     byte offset within it where the problem was found."""
 
-    def __init__(self, row: int, offset: int, reason: str) -> None:
+    def __init__(
+        self, row: int, offset: int, reason: str, column: tuple[str, str, str] | None = None
+    ) -> None:
         self.row = row
         self.offset = offset
         self.reason = reason
+        #: (schema, table, column) of a value its column's type cannot take, else None
+        self.column = column
         super().__init__(f"bad COPY binary tuple {row} at byte {offset}: {reason}")
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (CopyFormatError, (self.row, self.offset, self.reason))
+        return (CopyFormatError, (self.row, self.offset, self.reason, self.column))
 
 
 MESSAGE_NAMES: dict[str, str] = {

@@ -14,8 +14,9 @@ catalog the query started with, to tell a real schema change from a change since
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,9 @@ class CatalogColumn:
     #: the value rows written before the column was added read (``ADD COLUMN ... DEFAULT
     #: <constant>``: ``pg_attribute.attmissingval``), in the type's text form; None: NULL
     missing: str | None = None
+    #: read as the text its type's output function prints (option ``textColumns``), whatever
+    #: the type: for values no typed column holds (NaN in numeric(p,s), 2-D arrays, 24:00)
+    as_text: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,19 +149,51 @@ def _published_filter(table: str, text: str | None) -> RowFilterSQL | None:
         ) from None
 
 
+def _mark_text_columns(
+    tables: list[CatalogTable], text_columns: Mapping[tuple[str, str], Collection[str]]
+) -> list[CatalogTable]:
+    """``tables`` with the columns named in ``text_columns`` marked ``as_text``; names that are
+    not a table read or one of its columns are refused."""
+    by_name = {(t.schema, t.name): t for t in tables}
+    for (schema, name), columns in text_columns.items():
+        table = by_name.get((schema, name))
+        if table is None:
+            raise OptionError(
+                f"textColumns names table {schema}.{name}, which is not one of the tables read",
+                "fix the table name (schema.table, case-sensitive) in textColumns",
+            )
+        unknown = sorted(set(columns) - {c.name for c in table.columns})
+        if unknown:
+            raise OptionError(
+                f"textColumns names column(s) {', '.join(repr(c) for c in unknown)} of "
+                f"{schema}.{name}, which it does not have (or does not publish)",
+                "fix the column names (case-sensitive) in textColumns",
+            )
+        by_name[(schema, name)] = dataclasses.replace(
+            table,
+            columns=tuple(
+                dataclasses.replace(c, as_text=True) if c.name in columns else c
+                for c in table.columns
+            ),
+        )
+    return [by_name[(t.schema, t.name)] for t in tables]
+
+
 def load_catalog(
     dsn: str,
     *,
     publications: Sequence[str] = (),
     tables: Sequence[tuple[str, str]] = (),
     extra_filters: dict[tuple[str, str], list[RowFilterSQL]] | None = None,
+    text_columns: Mapping[tuple[str, str], Collection[str]] | None = None,
     connect_timeout: float = 10.0,
 ) -> SourceCatalog:
     """The tables of ``publications`` (their published columns and combined row filters), or the
     named ``tables`` (all their columns), plus the user types they use.
 
     ``extra_filters`` adds row filters per table, OR-combined with the publications' ones as if
-    each came from one more publication.
+    each came from one more publication. ``text_columns`` names, per table, the columns read as
+    their type's text (``CatalogColumn.as_text``).
     """
     if not publications and not tables:
         raise OptionError(
@@ -277,6 +313,7 @@ def load_catalog(
                     relkind=str(kind),
                 )
             )
+        result = _mark_text_columns(result, text_columns or {})
         types = _user_types(conn, result)
     except psycopg.Error as exc:
         raise OptionError(

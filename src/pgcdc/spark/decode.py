@@ -25,11 +25,13 @@ from pyspark.sql.types import StructType
 
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.arrow.columnar import ColumnarBatch, ColumnarDecoder, RelationBatch
+from pgcdc.protocol.errors import ProtocolError
 from pgcdc.protocol.messages import Relation, Truncate
+from pgcdc.protocol.values.oids import TIME_OID
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog
 from pgcdc.spark.conform import conform
 from pgcdc.spark.drift import Verdict, find_table, mismatch, normalize
-from pgcdc.spark.errors import SchemaChanged, SparkSourceError
+from pgcdc.spark.errors import SchemaChanged, SparkSourceError, unreadable_value
 from pgcdc.spark.schema import TableLayout, arrow_output_schema, missing_array, registry_for
 
 __all__ = ["ChangeDecoder", "Label", "decode_transactions"]
@@ -88,12 +90,37 @@ class ChangeDecoder:
         self.tables: dict[int, CatalogTable] = {t.relid: t for t in catalog.tables}
         self.layouts = TableLayout.build(catalog.tables, self.arrow_schema)
         self._registry = registry_for(catalog)
-        self.decoder = ColumnarDecoder(proto_version, self._registry)
+        self.decoder = ColumnarDecoder(proto_version, self._registry, as_text=self._text_columns)
         self.verdicts = dict(verdicts or {})
         self._resolved: dict[Relation, TableLayout | None] = {}
         self._missing: dict[tuple[int, str], pa.Array | None] = {}
         self._names = [layout.table for layout in self.layouts.values()]
         self._layout_ids = {layout.table.relid: i for i, layout in enumerate(self.layouts.values())}
+
+    def _text_columns(self, relation: Relation) -> frozenset[str]:
+        """The relation's columns read as their type's text: those the query maps as text
+        (``CatalogColumn.as_text``), and time columns the query holds as strings (a typed
+        time64 cannot hold PostgreSQL's ``24:00:00``; the text is the string either way)."""
+        table = find_table(normalize(relation), self.tables)
+        if table is None:
+            return frozenset()
+        layout = self.layouts.get(table.relid)
+        names = {c.name for c in table.columns if c.as_text}
+        if layout is not None:
+            for column in table.columns:
+                index = layout.image_type.get_field_index(column.name)
+                if (
+                    index >= 0
+                    and pa.types.is_string(layout.image_type.field(index).type)
+                    and self._base_type(column.type_oid) == TIME_OID
+                ):
+                    names.add(column.name)
+        return frozenset(names)
+
+    def _base_type(self, type_oid: int) -> int:
+        """A domain's base type OID (the type's own for anything else)."""
+        info = self._registry.resolve(type_oid)
+        return info.oid if info is not None and info.kind == "base" else type_oid
 
     def prelude(self, definitions: Sequence[bytes]) -> None:
         """Feed the Type and Relation messages in effect before the first transaction."""
@@ -222,7 +249,13 @@ class ChangeDecoder:
     ) -> tuple[pa.RecordBatch | None, list[int]]:
         """One group: its record batch (None without rows) and the row count per segment."""
         streams = [(segment.first, segment.xid) for segment in segments]
-        return self._batch(self.decoder.decode(messages, streams=streams), segments)
+        try:
+            decoded = self.decoder.decode(messages, streams=streams)
+        except ProtocolError as exc:
+            if exc.column is None:
+                raise
+            raise unreadable_value(exc.column, exc.reason) from None
+        return self._batch(decoded, segments)
 
     def decode_copy(
         self, relation_id: int, rows: Sequence[bytes], label: Label, text_columns: Collection[int]

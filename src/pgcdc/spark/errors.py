@@ -23,8 +23,10 @@ __all__ = [
     "ReplayError",
     "SchemaChanged",
     "SparkSourceError",
+    "UnreadableValueError",
     "is_schema_changed",
     "raised_as",
+    "unreadable_value",
 ]
 
 _TAG = re.compile(r"\[pgcdc:([A-Za-z]+)\]")
@@ -125,3 +127,23 @@ def is_schema_changed(error: BaseException | None) -> bool:
     errors) is a ``SchemaChanged``."""
     raised = raised_as(error)
     return raised is not None and issubclass(raised, SchemaChanged)
+
+
+class UnreadableValueError(SparkSourceError):
+    """A value the query's type for its column cannot take (NaN in a numeric(p,s), an array of
+    more dimensions than declared, ``24:00:00`` as a TIME): the column must be read as text."""
+
+
+def unreadable_value(column: tuple[str, str, str], reason: str) -> UnreadableValueError:
+    """The error for a value of ``column`` (schema, table, column) that ``reason`` refuses,
+    with the fix: read that column as its type's text."""
+    import json
+
+    schema, table, name = column
+    qualified = f"{schema}.{table}"
+    return UnreadableValueError(
+        f"{qualified}: {reason}",
+        f"mirror column {name!r} as the text PostgreSQL prints: text_columns = "
+        f"[{json.dumps(name)}] in the [[tables]] entry of {qualified} (pgcdc run), or the "
+        f"source option textColumns={json.dumps({qualified: [name]})}",
+    )

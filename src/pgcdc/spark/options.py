@@ -16,6 +16,10 @@ Spark hands options over as a case-insensitive mapping of strings. Stream option
 ``minChangesPerTrigger`` wait for at least this many rows (ReadMinRows) ...
 ``maxTriggerDelay``      ... but no longer than this many seconds (default 300)
 ``jsonAsVariant``        json/jsonb columns as VARIANT instead of strings (default false)
+``textColumns``          a JSON object of table -> columns read as the text their type's output
+                         function prints, whatever the type (``{"public.t": ["price"]}``): for
+                         values no typed column holds (NaN in numeric(p,s), arrays of more
+                         dimensions than declared, ``24:00:00`` with ``timeAsTime``)
 ``timeAsTime``           time columns as TIME(6) instead of strings (default false; Spark needs
                          ``spark.sql.timeType.enabled=true``)
 ``binary``               ``auto`` (default: binary values unless a column's type is unknown to the
@@ -47,7 +51,7 @@ a JSON list); ``snapshot`` (exported snapshot name); ``consistentPoint`` (its LS
 (whose confirmed position is read instead); ``rowFilter.<schema.table>`` (an SQL expression;
 or the option ``rowFilters`` as a JSON object of table -> expression or list of expressions),
 OR-combined with the publications' filters; ``partitionsPerTable`` or ``targetPartitionBytes``
-(default 128m); ``jsonAsVariant``, ``timeAsTime``.
+(default 128m); ``jsonAsVariant``, ``timeAsTime``, ``textColumns``.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ __all__ = [
     "parse_size",
     "snapshot_settings",
     "stream_settings",
+    "text_columns",
     "type_choices",
 ]
 
@@ -388,6 +393,30 @@ def _row_filters(options: Mapping[str, str]) -> dict[tuple[str, str], list[str]]
                 )
             filters.setdefault(table, []).extend(specs)
     return filters
+
+
+def text_columns(options: Mapping[str, str]) -> dict[tuple[str, str], frozenset[str]]:
+    """The option ``textColumns`` (both readers): a JSON object of table -> the column names
+    read as the text their type's output function prints."""
+    text = _get(options, "textColumns")
+    if not text:
+        return {}
+    example = 'write textColumns={"public.t": ["price", "matrix"]}'
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise OptionError("option textColumns is not a JSON object", example)
+    result: dict[tuple[str, str], frozenset[str]] = {}
+    for name, columns in parsed.items():
+        (table,) = parse_qualified_names("textColumns", name)
+        if not isinstance(columns, list) or not all(isinstance(c, str) and c for c in columns):
+            raise OptionError(
+                f"textColumns: the columns of {name!r} are not a list of column names", example
+            )
+        result[table] = result.get(table, frozenset()) | frozenset(columns)
+    return result
 
 
 def snapshot_settings(options: Mapping[str, str]) -> SnapshotSettings:

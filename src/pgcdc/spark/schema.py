@@ -169,6 +169,8 @@ def missing_array(
     ArithmeticError or ``pa.ArrowException`` when it does not convert."""
     if column.missing is None:
         return None
+    if column.as_text:  # attmissingval's text is what the type's output function printed
+        return conform(pa.array([column.missing], pa.string()), target)
     decoded = to_arrow(
         [column.missing], column.type_oid, column.type_modifier, registry, binary=False
     )
@@ -185,7 +187,10 @@ def codec_knows(type_oid: int, registry: TypeRegistry) -> bool:
 
 
 def column_arrow_type(column: CatalogColumn, registry: TypeRegistry) -> pa.DataType:
-    """The Arrow type the columnar decoder gives a column (text form for unknown types)."""
+    """The Arrow type the columnar decoder gives a column (text form for unknown types and for
+    columns read as text)."""
+    if column.as_text:
+        return pa.string()
     return column_reader(column.type_oid, column.type_modifier, registry).arrow_type
 
 
@@ -256,7 +261,9 @@ def _image_type(table: CatalogTable, registry: TypeRegistry, choices: TypeChoice
     fields = []
     for column in table.columns:
         arrow = column_arrow_type(column, registry)
-        variant = choices.json_as_variant and _is_json(column.type_oid, registry)
+        variant = (
+            choices.json_as_variant and not column.as_text and _is_json(column.type_oid, registry)
+        )
         typ = spark_type(arrow, variant=variant, time_as_time=choices.time_as_time)
         fields.append(StructField(column.name, typ, True, _column_metadata(column)))
     return StructType(fields)

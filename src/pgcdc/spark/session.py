@@ -405,8 +405,13 @@ def _json_list(names: list[str]) -> str:
 
 
 def _option_text(value: object) -> str:
+    """An option's text: booleans as true/false, mappings and lists (``textColumns``) as JSON."""
+    import json
+
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(dict(value) if isinstance(value, Mapping) else list(value))
     return str(value)
 
 

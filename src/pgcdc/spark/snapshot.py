@@ -63,7 +63,7 @@ from pgcdc.replication.database import (
 from pgcdc.spark.catalog import CatalogTable, SourceCatalog, relation_scope
 from pgcdc.spark.decode import ChangeDecoder, Label
 from pgcdc.spark.diagnostics import worker_logging
-from pgcdc.spark.errors import CopyAgain, OptionError, SparkSourceError
+from pgcdc.spark.errors import CopyAgain, OptionError, SparkSourceError, unreadable_value
 from pgcdc.spark.options import SnapshotSettings
 from pgcdc.spark.schema import codec_knows, registry_for
 
@@ -241,7 +241,9 @@ class CopyTuples(Generic[_T]):
             try:
                 decoded = self._decode(tuples)
             except CopyFormatError as exc:  # numbered from the start of the COPY
-                raise CopyFormatError(self._done + exc.row, exc.offset, exc.reason) from None
+                raise CopyFormatError(
+                    self._done + exc.row, exc.offset, exc.reason, exc.column
+                ) from None
             self._done += len(tuples)
             self._emit(decoded)
 
@@ -296,13 +298,16 @@ def split_copy_tuples(data: bytes, ncols: int) -> tuple[list[bytes], int, bool]:
 
 def _text_casts(table: CatalogTable, registry: TypeRegistry) -> dict[int, str]:
     """The columns (by position) the COPY casts: to ``text``, or ``text[]`` for arrays, where
-    pgcdc cannot read the type's binary form."""
+    pgcdc cannot read the type's binary form. A column read as text whose binary form pgcdc
+    reads is not cast: the stream's renderer prints it (``::text`` trims a char(n), and adds
+    an inet's netmask, where the output function does not)."""
     casts = {}
     for i, column in enumerate(table.columns):
         if codec_knows(column.type_oid, registry):
             continue
         info = registry.resolve(column.type_oid)
-        casts[i] = "text[]" if info is not None and info.kind == "array" else "text"
+        array = info is not None and info.kind == "array" and not column.as_text
+        casts[i] = "text[]" if array else "text"
     return casts
 
 
@@ -486,6 +491,8 @@ class PgcdcSnapshotReader(DataSourceReader):
             except StatementError as exc:
                 raise _copy_error(exc, table, self.settings) from None
             except CopyFormatError as exc:
+                if exc.column is not None:
+                    raise unreadable_value(exc.column, exc.reason) from None
                 raise SparkSourceError(
                     f"copying {table.qualified}: {exc}", "report a bug in pgcdc"
                 ) from None

@@ -23,6 +23,7 @@ from pgcdc.spark.options import (
     parse_qualified_names,
     snapshot_settings,
     stream_settings,
+    text_columns,
     type_choices,
 )
 from pgcdc.spark.schema import source_schema
@@ -56,6 +57,7 @@ def load_source_catalog(options: Any) -> SourceCatalog:
         publications=_names("publications", publications_text) if publications_text else (),
         tables=parse_qualified_names("tables", tables_text) if tables_text else (),
         extra_filters=extra,
+        text_columns=text_columns(options),
     )
 
 

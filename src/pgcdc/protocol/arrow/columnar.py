@@ -36,7 +36,7 @@ type cannot take. After an error the decoder's state is what it was before the c
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,7 +54,13 @@ from pgcdc.protocol.arrow.framing import (
     walk_copy_rows,
     walk_tuples,
 )
-from pgcdc.protocol.arrow.typed_arrays import BadValue, ColumnReader, ColumnSlices, column_reader
+from pgcdc.protocol.arrow.typed_arrays import (
+    BadValue,
+    ColumnReader,
+    ColumnSlices,
+    column_reader,
+    text_reader,
+)
 from pgcdc.protocol.decoder import Decoder
 from pgcdc.protocol.encoder import encode_tuple
 from pgcdc.protocol.errors import CopyFormatError, ProtocolError
@@ -155,7 +161,7 @@ class ColumnarDecoder:
     read (Type messages carry too little to fill it). Text values must be UTF-8.
     """
 
-    __slots__ = ("_decoder", "_layouts", "proto_version", "registry")
+    __slots__ = ("_decoder", "_layouts", "as_text", "proto_version", "registry")
 
     def __init__(
         self,
@@ -163,6 +169,7 @@ class ColumnarDecoder:
         registry: TypeRegistry | None = None,
         *,
         encoding: str = "utf-8",
+        as_text: Callable[[Relation], Collection[str]] | None = None,
     ) -> None:
         if encoding.lower().replace("-", "").replace("_", "") not in ("utf8", "unicode"):
             raise ValueError(
@@ -172,6 +179,8 @@ class ColumnarDecoder:
         self._decoder = Decoder(proto_version)
         self.proto_version = proto_version
         self.registry = registry
+        #: the columns (by name) of a relation to read as their type's text (``text_reader``)
+        self.as_text = as_text
         self._layouts: dict[int, _Layout] = {}
 
     # -- state -------------------------------------------------------------------------------
@@ -292,7 +301,8 @@ class ColumnarDecoder:
             columns = _read_columns(table, layout, cols, table.starts, index=index, offset=0)
         except _ValueFailure as failure:
             row = failure.index
-            raise CopyFormatError(row, failure.error.offset, failure.error.reason) from None
+            error = failure.error
+            raise CopyFormatError(row, error.offset, error.reason, error.column) from None
         arrays = [
             pa.array(index, pa.int64()),
             pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int8)), _OPS),
@@ -307,8 +317,12 @@ class ColumnarDecoder:
         )
 
     def _layout(self, relation: Relation) -> _Layout:
+        texts = self.as_text(relation) if self.as_text is not None else ()
         readers = tuple(
-            column_reader(c.type_id, c.type_modifier, self.registry) for c in relation.columns
+            (text_reader if c.name in texts else column_reader)(
+                c.type_id, c.type_modifier, self.registry
+            )
+            for c in relation.columns
         )
         fields = [
             pa.field(c.name, r.arrow_type) for c, r in zip(relation.columns, readers, strict=True)
@@ -660,11 +674,13 @@ def _read_columns(
         except BadValue as bad:
             row = bad.row
             code = chr(int(table.types[index[row]]))
-            name = layout.relation.columns[j].name
+            relation = layout.relation
+            name = relation.columns[j].name
             error = ProtocolError(
                 code,
                 int(column.starts[row] - row_starts[row]),
                 f"value of column {name!r} ({reader.type_name}) {bad.reason}",
+                (relation.namespace, relation.name, name),
             )
             raise _ValueFailure(int(index[row]) + offset, error) from None
     return arrays

@@ -37,7 +37,7 @@ from pgcdc.protocol.arrow.framing import KIND_BINARY, KIND_TEXT, MessageTable
 if TYPE_CHECKING:
     from pgcdc.protocol.values.registry import TypeRegistry
 
-__all__ = ["BadValue", "ColumnReader", "ColumnSlices", "column_reader"]
+__all__ = ["BadValue", "ColumnReader", "ColumnSlices", "column_reader", "text_reader"]
 
 I64 = npt.NDArray[np.int64]
 U32 = npt.NDArray[np.uint32]
@@ -474,6 +474,28 @@ def _values_arrow_type(
 
     result: pa.DataType = arrow_type(type_id, type_modifier, registry)
     return result
+
+
+def text_reader(
+    type_id: int, type_modifier: int, registry: TypeRegistry | None = None
+) -> ColumnReader:
+    """A reader giving any type's values as the text its output function prints: text-format
+    values as sent, binary ones rendered by ``pgcdc.protocol.values.pg_text`` (ISO dates, UTC).
+    For values no typed Arrow column holds (numeric NaN under a typmod, ``24:00:00``, arrays of
+    more dimensions than declared)."""
+
+    def read_binary(column: ColumnSlices) -> pa.Array:
+        from pgcdc.protocol.values import pg_text
+
+        values: list[str | None] = [None] * len(column)
+        for row in np.flatnonzero(column.has_value).tolist():
+            try:
+                values[row] = pg_text(column.raw(row), type_id, type_modifier, registry)
+            except (ValueError, ArithmeticError) as exc:
+                raise BadValue(row, f"cannot be printed as text: {exc}") from None
+        return pa.array(values, pa.string())
+
+    return ColumnReader("text", pa.string(), _text_strings, read_binary)
 
 
 def column_reader(

@@ -1,0 +1,147 @@
+"""Values no typed lake column holds, mirrored through ``[[tables]] text_columns``.
+
+PostgreSQL lets a ``numeric(p,s)`` hold NaN, an ``int[]`` hold arrays of any
+number of dimensions, and ``time`` hold ``24:00:00``; a typed Delta column holds none of them,
+so before ``text_columns`` the initial copy (and every later batch) failed on such a value, run
+after run, with no fix but changing the source table. A timestamp key holding both
+``infinity`` and 9999-12-31 23:59:59.999999 (one value once clamped to Spark's range) is two
+rows as text. Each column in ``text_columns`` is mirrored as the text its type's output
+function prints, in the copy and in the stream alike; a time column (a string in the lake)
+always is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgcdc.lake.config import ConfigError
+from pgcdc.lake.failures import PipelineError
+from pgcdc.lake.pipeline import Pipeline
+from tests.fix_pg import PgDatabase
+from tests.lake.test_pipeline import assert_equal, make_config, mirror_rows
+
+pytestmark = pytest.mark.slow
+
+ODD = """
+CREATE TABLE odd (
+    id int PRIMARY KEY,
+    n numeric(10,2),
+    m int[],
+    t time,
+    c char(4),
+    ip inet,
+    big text
+);
+ALTER TABLE odd ALTER COLUMN big SET STORAGE EXTERNAL;
+CREATE TABLE ts (k timestamp PRIMARY KEY, v int);
+"""
+
+ROWS = """
+INSERT INTO odd VALUES
+    ({0}, 'NaN', '{{{{1,2}},{{3,4}}}}', '24:00:00', 'ab', '10.0.0.1/32', repeat(md5('x'), 700)),
+    ({1}, -1.255, '[0:1]={{5,6}}', '12:34:56.5', NULL, '10.0.0.0/8', NULL),
+    ({2}, NULL, '{{}}', NULL, 'abcd', NULL, NULL),
+    ({3}, 12.5, NULL, '00:00:00', ' ', '::1', NULL)
+"""
+
+
+def odd_rows(pipeline: Pipeline) -> dict[int, tuple[Any, ...]]:
+    return {row[0]: row[1:] for row in mirror_rows(pipeline, "public.odd")}
+
+
+def test_values_no_typed_column_holds_are_mirrored_as_text(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    pg.execute(ODD)
+    pg.execute(ROWS.format(1, 2, 3, 4))
+    pg.execute(
+        "INSERT INTO ts VALUES ('infinity', 1), ('9999-12-31 23:59:59.999999', 2), "
+        "('-infinity', 3), ('0001-01-01 00:00:00', 4)"
+    )
+    lake = tmp_path / "lake"
+    tables = [
+        {"name": "odd", "history": True, "changelog": True, "text_columns": ["n", "m", "c", "ip"]},
+        {"name": "ts", "history": True, "text_columns": ["k"]},
+    ]
+    config = make_config(pg, lake, tables)
+    first = Pipeline(config, spark=spark)
+    first.run(until_caught_up=True)  # the initial copy
+    assert_equal(first)
+    copied = odd_rows(first)
+    # the output functions' text: char(n) keeps its padding, inet drops a /32
+    assert copied[1][:5] == ("NaN", "{{1,2},{3,4}}", "24:00:00", "ab  ", "10.0.0.1")
+    assert copied[2][:5] == ("-1.26", "[0:1]={5,6}", "12:34:56.5", None, "10.0.0.0/8")
+    assert copied[3][:2] == (None, "{}")
+    assert copied[4][:2] == ("12.50", None)
+    assert len(mirror_rows(first, "public.ts")) == 4
+
+    # the stream: the same values inserted, updated (TOAST unchanged) and deleted
+    pg.execute(ROWS.format(11, 12, 13, 14))
+    pg.execute("UPDATE odd SET n = 'NaN', m = '{{7},{8}}', t = '24:00' WHERE id IN (1, 4)")
+    pg.execute("DELETE FROM odd WHERE id IN (2, 13)")
+    pg.execute("UPDATE ts SET v = v + 10 WHERE k IN ('infinity', '-infinity')")
+    pg.execute("DELETE FROM ts WHERE k = '9999-12-31 23:59:59.999999'")
+    # a column added with a constant default no typed column holds, then mapped as text
+    pg.execute("ALTER TABLE odd ADD COLUMN n2 numeric(6,1) DEFAULT 'NaN'")
+    pg.execute("INSERT INTO odd (id, n2) VALUES (20, 'NaN'), (21, 3.25)")
+    tables[0]["text_columns"] = ["n", "m", "c", "ip", "n2"]
+    config = make_config(pg, lake, tables)
+    second = Pipeline(config, spark=spark)
+    second.run(until_caught_up=True)
+    assert_equal(second)
+    streamed = odd_rows(second)
+    assert streamed[1][:3] == ("NaN", "{{7},{8}}", "24:00:00")
+    assert streamed[11][:4] == ("NaN", "{{1,2},{3,4}}", "24:00:00", "ab  ")
+    assert streamed[1][-1] == "NaN"  # rows from before the column read its missing value
+    assert (streamed[20][-1], streamed[21][-1]) == ("NaN", "3.3")
+    assert 2 not in streamed and 13 not in streamed
+    assert sorted(v for _, v in mirror_rows(second, "public.ts")) == [4, 11, 13]
+
+    # the lake's column holds text: taking it out of text_columns is refused, nothing written
+    tables[0]["text_columns"] = ["n", "c", "ip", "n2"]
+    pg.execute("INSERT INTO odd (id) VALUES (30)")
+    third = Pipeline(make_config(pg, lake, tables), spark=spark)
+    with pytest.raises(PipelineError, match=r"'m' of public\.odd is mirrored typed now"):
+        third.run(until_caught_up=True)
+    assert 30 not in odd_rows(second)
+
+
+def test_without_text_columns_the_error_names_the_column_and_the_fix(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """In the copy and in the stream: the value's column, and text_columns as the fix (it
+    said "report a bug in pgcdc")."""
+    pg.execute("CREATE TABLE odd (id int PRIMARY KEY, n numeric(10,2), m int[])")
+    pg.execute("INSERT INTO odd VALUES (1, 'NaN', '{1}')")
+    config = make_config(pg, tmp_path / "lake", [{"name": "odd"}])
+    with pytest.raises(PipelineError) as info:
+        Pipeline(config, spark=spark).run(until_caught_up=True)
+    text = str(info.value)
+    assert "column 'n'" in text and 'text_columns = ["n"]' in text, text
+    assert "report a bug" not in text
+
+    pg.execute("UPDATE odd SET n = 1")
+    Pipeline(config, spark=spark).run(until_caught_up=True)  # the copy, again
+    pg.execute("UPDATE odd SET m = '{{1},{2}}'")
+    with pytest.raises(PipelineError) as info:
+        Pipeline(config, spark=spark).run(until_caught_up=True)
+    text = str(info.value)
+    assert "column 'm'" in text and 'text_columns = ["m"]' in text, text
+
+
+def test_a_text_column_the_table_lacks_is_refused(pg: PgDatabase, tmp_path: Path) -> None:
+    pg.execute("CREATE TABLE odd (id int PRIMARY KEY, n numeric(10,2))")
+    pg.execute("CREATE TABLE odd2 (id int PRIMARY KEY, x int GENERATED ALWAYS AS (id) STORED)")
+    for entry, field in (
+        ({"name": "odd", "text_columns": ["N"]}, "tables[0].text_columns"),
+        ({"name": "odd2", "text_columns": ["x"]}, "tables[0].text_columns"),
+        ({"name": "odd*", "text_columns": ["n", "nope"]}, "tables[0].text_columns"),
+    ):
+        config = make_config(pg, tmp_path / "lake", [entry])
+        with pytest.raises(ConfigError) as info:
+            Pipeline(config).check()
+        assert info.value.problems[0][0] == field, info.value.problems
+    assert not (tmp_path / "lake").exists()
