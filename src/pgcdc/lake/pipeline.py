@@ -53,7 +53,7 @@ from typing import Any
 
 from pgcdc.lake.batch import PROGRESS, Progress
 from pgcdc.lake.bootstrap import config_problems, server_identity, start_point
-from pgcdc.lake.catalog import SourcePlan, plan_source, source_columns
+from pgcdc.lake.catalog import SourcePlan, plan_source
 from pgcdc.lake.config import ConfigError, PipelineConfig
 from pgcdc.lake.delta import delta_settings, is_delta_table, quiet_logs, table_schema
 from pgcdc.lake.failures import PipelineError, spark_reason
@@ -67,6 +67,7 @@ from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout
 from pgcdc.metrics import PipelineMetrics
 from pgcdc.replication import Heartbeat, scrub_secrets, source_catalog
 from pgcdc.replication.database import connect_sql
+from pgcdc.replication.source_catalog import TableShape
 
 __all__ = ["Pipeline", "PipelineError", "RunResult", "session_conf"]
 
@@ -207,16 +208,18 @@ class Pipeline:
         plan = self.plan
         if plan is None:
             return
-        self.check_shapes()  # first: a renamed column must not be dropped as a gone one
+        # first: a renamed column must not be dropped as a gone one
+        shapes = self.check_shapes()
+        if not shapes:
+            return
         spark = self.spark()
-        numbers = {table.table_id: source_columns(self.dsn, table) for table in plan.tables}
-        self._check_column_numbers(numbers)
         for table in plan.tables:
             path = str(table.path(self.layout, "mirror"))
-            if not is_delta_table(spark, path):
+            shape = shapes.get(table.table_id)
+            if shape is None or not is_delta_table(spark, path):
                 continue
             schema = table_schema(spark, path)
-            present = set(numbers[table.table_id]) | set(MIRROR_COLUMNS)
+            present = set(shape.columns) | set(MIRROR_COLUMNS)
             gone = [name for name in schema.names if name not in present]
             if gone:
                 from pyspark.sql import types as T
@@ -224,10 +227,11 @@ class Pipeline:
                 keep = T.StructType([f for f in schema.fields if f.name not in gone])
                 evolve(spark, path, keep, drop_missing=True, what=f"{table.table_id} mirror")
 
-    def check_shapes(self, *, replan: bool = False) -> None:
+    def check_shapes(self, *, replan: bool = False) -> dict[str, TableShape]:
         """Stop before a query starts when a table changed in a way the lake cannot follow
-        (``pgcdc.lake.shape``); then record the tables' shapes. ``replan``: read the tables'
-        keys again (a restart for a schema change: the run's plan predates it)."""
+        (``pgcdc.lake.shape``); then record the tables' shapes, and return them by table id
+        (empty before the lake has a state). ``replan``: read the tables' keys again (a
+        restart for a schema change: the run's plan predates it)."""
         plan = self.plan
         unplanned: ConfigError | None = None
         if replan:
@@ -237,7 +241,7 @@ class Pipeline:
                 unplanned = exc
         state = load_state(self.layout) or self.state
         if plan is None or state is None:
-            return
+            return {}
         with connect_sql(self.dsn) as conn:
             now = {
                 t.table_id: source_catalog.table_shape(conn, t.schema, t.name) for t in plan.tables
@@ -263,39 +267,17 @@ class Pipeline:
                 "table again: run a new pipeline (another slot, publication and lake path), or "
                 "`pgcdc drop` this one, move its lake away and run again"
             )
+        found = {table_id: shape for table_id, shape in now.items() if shape is not None}
         shapes = {
-            t.table_id: recorded_shape(t, shape)
+            t.table_id: recorded_shape(t, found[t.table_id])
             for t in plan.tables
-            if (shape := now[t.table_id]) is not None
+            if t.table_id in found
         }
         if shapes != {t: state.shapes.get(t) for t in shapes}:
             state = state.evolve(shapes={**state.shapes, **shapes})
             save_state(self.layout, state)
             self.state = state
-
-    def _check_column_numbers(self, numbers: dict[str, dict[str, int]]) -> None:
-        """Refuse a column dropped and added again under its name since the columns were last
-        recorded (its attnum changed): the lake's rows hold the old column's values and the
-        stream mixes both, so no row can be told apart; then record the columns as they are."""
-        state = load_state(self.layout) or self.state
-        if state is None:
-            return
-        for table_id, columns in numbers.items():
-            before = state.columns.get(table_id, {})
-            again = [c for c, n in columns.items() if c in before and before[c] != n]
-            if again:
-                raise PipelineError(
-                    f"column(s) {', '.join(repr(c) for c in again)} of {table_id} were dropped "
-                    "and added again since the lake last read the table: its rows hold the "
-                    "dropped column's values, which PostgreSQL no longer has, and nothing tells "
-                    "them from the new column's. Fix: copy the table again: run a new pipeline "
-                    "(another slot, publication and lake path), or `pgcdc drop` this one, move "
-                    "its lake away and run again"
-                )
-        if numbers != {t: state.columns.get(t) for t in numbers}:
-            state = state.evolve(columns={**state.columns, **numbers})
-            save_state(self.layout, state)
-            self.state = state
+        return found
 
     # -- run -------------------------------------------------------------------------------
 

@@ -11,8 +11,9 @@ such a one; state files written before this field existed read as False: keep it
 start (the changes since the slot's position are gone), instead of copying everything again
 into a lake that still holds the old tables; moving the lake away starts over.
 
-``columns`` records each table's column numbers (attnum) when a query starts, so that a
-column dropped and added again under its name is told from the one the lake holds.
+``shapes`` records each table's shape (``pgcdc.lake.shape``) when a query starts. ``columns``
+(column numbers only) is what states written before shapes kept: read as their baseline, and
+no longer written.
 
 ``last_failure`` (a ``BatchFailure``) is the micro-batch a run failed on, until a batch is
 applied again: ``pgcdc status`` shows it and exits 1 while it stands (``failure_standing``: the
@@ -95,8 +96,8 @@ class PipelineState:
     publication_created: bool = False  # pgcdc created the publication (pgcdc drop drops it)
     dropped_at: str | None = None  # ISO time pgcdc drop dropped the slot
     last_failure: BatchFailure | None = None  # the batch a run failed on, until one is applied
-    #: table id -> column -> attnum, as the source had them when a query last started: a
-    #: column dropped and added again under its name comes back with another attnum
+    #: table id -> column -> attnum, as states written before ``shapes`` recorded them (the
+    #: baseline of a table without a shape; not written any more)
     columns: dict[str, dict[str, int]] = field(default_factory=dict)
     #: table id -> what the lake follows it by, as when a query last started (``shape.py``):
     #: {"oid": int, "keys": [...], "multiset": bool, "columns": {name: [attnum, type, typmod]}}
