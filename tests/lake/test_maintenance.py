@@ -3,6 +3,7 @@ own operations: real Delta tables, and a real pipeline whose batches each add fi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -15,6 +16,7 @@ from pgcdc.lake.batch import CONFLICT_ATTEMPTS, again_on_conflict
 from pgcdc.lake.delta import create_table
 from pgcdc.lake.maintenance import (
     COMPACT_METADATA,
+    GAVE_WAY_WARNING,
     PURGE_METADATA,
     BatchGate,
     Maintenance,
@@ -130,6 +132,50 @@ def test_maintenance_that_fails_never_fails_the_batch(
     with caplog.at_level(logging.WARNING, logger="pgcdc.lake"):
         Maintenance(compact_files=2).after_batch(spark, [("public.t mirror", path)])
     assert "maintenance (compact) of public.t mirror failed" in caplog.text
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Crowded(Maintenance):
+    """Maintenance whose compaction loses every commit race while ``lose`` holds (as under a
+    busy stream), and whose other steps are not due."""
+
+    lose: list[bool] = dataclasses.field(default_factory=lambda: [True])
+
+    def compact(self, spark: Any, name: str, path: str) -> bool:
+        from delta.exceptions import ConcurrentAppendException
+
+        if self.lose[0]:
+            raise ConcurrentAppendException(message="Files were added by a concurrent update")
+        return True
+
+    def purge_if_due(self, spark: Any, name: str, path: str) -> bool:
+        return False
+
+    def vacuum_if_due(self, spark: Any, name: str, path: str) -> bool:
+        return False
+
+
+def test_maintenance_that_keeps_giving_way_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One lost race is routine (INFO); a step that loses every race never runs, and the
+    small files pile up: that is a warning, with what to do (it was INFO, every time)."""
+    crowded = _Crowded()
+    tables = [("public.t mirror", str(tmp_path / "t"))]
+    with caplog.at_level(logging.INFO, logger="pgcdc.lake"):
+        for _ in range(GAVE_WAY_WARNING - 1):
+            crowded.after_batch(None, tables)
+        assert "gave way to a batch's commit" in caplog.text
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        crowded.after_batch(None, tables)
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warned) == 1 and f"{GAVE_WAY_WARNING} times in a row" in warned[0]
+        crowded.lose[0] = False  # it ran: the count starts again
+        crowded.after_batch(None, tables)
+        crowded.lose[0] = True
+        for _ in range(GAVE_WAY_WARNING - 1):
+            crowded.after_batch(None, tables)
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
 
 
 @pytest.mark.slow

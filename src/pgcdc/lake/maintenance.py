@@ -55,6 +55,7 @@ from pgcdc.lake.target import DeltaTarget
 __all__ = [
     "COMPACT_METADATA",
     "EXCLUSIVE_VACUUM_HOURS",
+    "GAVE_WAY_WARNING",
     "PURGE_METADATA",
     "Maintenance",
     "MaintenanceWorker",
@@ -76,7 +77,12 @@ _vacuumed: dict[str, float] = {}
 _purge_checked: dict[str, float] = {}
 #: per table path: the small files the last compaction left (those it could not merge)
 _left_small: dict[str, int] = {}
+#: (step, table path) -> the step's conflicts since it last succeeded there
+_gave_way: dict[tuple[str, str], int] = {}
 _lock = threading.Lock()
+
+#: conflicts in a row after which a step's giving way is a warning (and every as many after)
+GAVE_WAY_WARNING = 20
 
 
 def deleted_share(spark: Any, path: str) -> float:
@@ -159,6 +165,7 @@ class Maintenance:
                 guard = (
                     gate.exclusive() if gate is not None and exclusive else contextlib.nullcontext()
                 )
+                key = (step.__name__, path)
                 try:
                     with guard:
                         step(spark, name, path)
@@ -167,6 +174,8 @@ class Maintenance:
                 # never fails the batch, whose commits are done: nothing of it depends on this
                 except Exception as exc:
                     conflict = isinstance(exc, conflicts())
+                    with _lock:
+                        lost = _gave_way[key] = _gave_way.get(key, 0) + int(conflict)
                     log.log(
                         logging.INFO if conflict else logging.WARNING,
                         "maintenance (%s) of %s %s (%s: %s); tried again after a later batch",
@@ -176,6 +185,22 @@ class Maintenance:
                         type(exc).__name__,
                         str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "",
                     )
+                    if conflict and lost % GAVE_WAY_WARNING == 0:
+                        # a step that always loses never runs: small files or deleted rows pile
+                        # up, and every batch slows down
+                        log.warning(
+                            "maintenance (%s) of %s gave way to batches' commits %d times in a "
+                            "row and has not run since: give it room (a longer [stream] "
+                            "trigger_interval), or stop pgcdc run and run it then (OPTIMIZE, "
+                            "REORG TABLE ... APPLY (PURGE), VACUUM)",
+                            step.__name__,
+                            name,
+                            lost,
+                            extra={"table": name, "step": step.__name__, "conflicts": lost},
+                        )
+                else:
+                    with _lock:
+                        _gave_way.pop(key, None)
 
     def small_files(self, path: str) -> int:
         """How many of the table's files are smaller than a quarter of the target size."""
