@@ -213,3 +213,26 @@ def test_a_rewrite_check_never_waits_on_a_lock_behind_the_copy(
         time.sleep(0.1)
     assert outcome == ["truncated"] and took < 15, (outcome, took)
     assert rows == 50  # m2's: m1's heap is the truncated one (the streamed TRUNCATE follows)
+
+
+@newest_server
+def test_columns_renamed_after_the_catalog_was_read_are_not_copied_under_the_old_names(
+    pg: PgDatabase, spark: SparkSession
+) -> None:
+    """The DataFrame's schema comes from the catalog when it is defined; the COPY selects by
+    name later. Two columns swapping names in between made the copy read each one's values
+    as the other's: an int4 and a float4 have the same width, so the floats' bits came back
+    as integers, with no error."""
+    pg.execute("CREATE TABLE sw (id int PRIMARY KEY, a int4, b float4)")
+    pg.execute("INSERT INTO sw SELECT g, g, g + 0.5 FROM generate_series(1, 10) g")
+    df = read_snapshot(spark, pg.dsn(), tables=["public.sw"])
+    column = table_column("public", "sw")
+    pg.execute("ALTER TABLE sw RENAME COLUMN a TO tmp")
+    pg.execute("ALTER TABLE sw RENAME COLUMN b TO a")
+    pg.execute("ALTER TABLE sw RENAME COLUMN tmp TO b")
+    with pytest.raises(Exception, match="were renamed"):
+        df.select(f"{column}.new.*").collect()
+    # read again: the new catalog, the new names (in attnum order: b is the int4 now)
+    rows = read_snapshot(spark, pg.dsn(), tables=["public.sw"]).select(f"{column}.new.*")
+    assert rows.columns == ["id", "b", "a"]
+    assert sorted(tuple(r) for r in rows.collect())[0] == (1, 1, 1.5)

@@ -93,6 +93,17 @@ class CopyConnection:
         except psycopg2.Error as exc:
             raise self._failed(exc) from None
 
+    def result_columns(self, statement: sql.Composable | str) -> list[tuple[int, int | None]]:
+        """Run a query; per result column, the table OID and attnum it reads (None, None for
+        an expression), as the server resolved the query's names just now."""
+        try:
+            self._cursor.execute(_text(statement))
+            description = self._cursor.description or ()
+            self._cursor.fetchall()
+        except psycopg2.Error as exc:
+            raise self._failed(exc) from None
+        return [(column.table_oid, column.table_column) for column in description]
+
     def copy_out(self, statement: sql.Composable | str, write: Callable[[bytes], object]) -> int:
         """Run ``COPY ... TO STDOUT``: ``write`` gets each CopyData message's bytes, in order;
         the number of rows the server says it sent (-1 if it does not say)."""

@@ -276,6 +276,7 @@ class ReadColumn(NamedTuple):
     #: part of the replica identity (every column of a REPLICA IDENTITY FULL table)
     is_key: bool
     generated: bool
+    attnum: int
 
 
 def existing_publications(conn: psycopg.Connection[Any], names: Sequence[str]) -> set[str]:
@@ -326,7 +327,7 @@ def read_columns(conn: psycopg.Connection[Any], relids: Sequence[int]) -> list[R
         "SELECT a.attrelid::int8, a.attname::text, a.atttypid::int8, a.atttypmod, a.attndims, "
         "pg_catalog.format_type(a.atttypid, a.atttypmod), "
         "c.relreplident = 'f' OR COALESCE(a.attnum = ANY(i.indkey::int2[]), false), "
-        "a.attgenerated::text "
+        "a.attgenerated::text, a.attnum::int "
         "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
         # as pgoutput flags them: a deferrable primary key is no replica identity
         "LEFT JOIN pg_catalog.pg_index i ON i.indrelid = c.oid AND i.indimmediate AND ("
@@ -337,8 +338,8 @@ def read_columns(conn: psycopg.Connection[Any], relids: Sequence[int]) -> list[R
         (list(relids),),
     ).fetchall()
     return [
-        ReadColumn(int(r), str(n), int(t), int(m), int(d), str(tn), bool(k), bool(g))
-        for r, n, t, m, d, tn, k, g in rows
+        ReadColumn(int(r), str(n), int(t), int(m), int(d), str(tn), bool(k), bool(g), int(a))
+        for r, n, t, m, d, tn, k, g, a in rows
     ]
 
 

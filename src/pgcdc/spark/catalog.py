@@ -55,6 +55,8 @@ class CatalogColumn:
     #: read as the text its type's output function prints (option ``textColumns``), whatever
     #: the type: for values no typed column holds (NaN in numeric(p,s), 2-D arrays, 24:00)
     as_text: bool = False
+    #: pg_attribute.attnum when the catalog was read (0: not known)
+    attnum: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +279,7 @@ def load_catalog(
             typname,
             key,
             generated,
+            attnum,
         ) in source_catalog.read_columns(conn, relids):
             published = wanted[names_by_id[relid]][0]
             if published is not None:
@@ -293,6 +296,7 @@ def load_catalog(
                     int(ndims),
                     bool(key),
                     missing_values.get((int(relid), str(attname))),
+                    attnum=int(attnum),
                 )
             )
         result: list[CatalogTable] = []

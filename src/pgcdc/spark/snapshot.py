@@ -479,6 +479,7 @@ class PgcdcSnapshotReader(DataSourceReader):
                         )
                     )
                     _check_not_rewritten(conn, table, partition, self.settings.dsn)
+                _check_same_columns(conn, table)
                 tuples = CopyTuples(len(table.columns), decode, counted)
                 sent = conn.copy_out(query, tuples.write)
                 tuples.close()
@@ -629,6 +630,30 @@ def _check_not_rewritten(
         table.qualified,
         "" if ranged else ", VACUUM FULL, CLUSTER",
     )
+
+
+def _check_same_columns(conn: CopyConnection, table: CatalogTable) -> None:
+    """Fail with ``CopyAgain`` when a column name no longer names the column the catalog was
+    read with (renamed since, say two names swapped): the COPY selects by name and reads
+    binary values by the catalog's types, so it would put one column's values under the other
+    (an int4 and a float4 have the same width). Its lock keeps the names until the COPY ends."""
+    known = [c for c in table.columns if c.attnum]
+    if not known:
+        return
+    probe = sql.SQL("SELECT {} FROM {}{} WHERE false").format(
+        sql.SQL(", ").join(sql.Identifier(c.name) for c in known),
+        relation_scope(table.relkind),
+        sql.Identifier(table.schema, table.name),
+    )
+    found = conn.result_columns(probe)
+    expected = [(table.relid, c.attnum) for c in known]
+    if found != expected:
+        raise CopyAgain(
+            f"columns of {table.qualified} were renamed (or dropped and added again) after "
+            "the query read the catalog: a copy by their names would read other columns",
+            "copy again with a new snapshot (pgcdc run does so on its next start); avoid "
+            "renaming columns of published tables while the initial copy runs",
+        )
 
 
 #: SQLSTATEs of a COPY whose columns changed since the snapshot: undefined_column,
