@@ -152,3 +152,16 @@ def test_existing_publication_without_tables(pg: PgDatabase) -> None:
     with pytest.raises(ConfigError) as info:
         plan_source(pg.dsn(), config(pg, []))
     assert "does not publish delete, update" in dict(info.value.problems)["source.publication"]
+
+
+def test_tables_whose_names_read_alike_are_refused(pg: PgDatabase) -> None:
+    """Schema "a.b" table c and schema a table "b.c" are both a.b.c as schema.table, what the
+    lake names a table by: the initial copy failed on them at every start (a zip() error)."""
+    pg.execute('CREATE SCHEMA "a.b"; CREATE SCHEMA a')
+    pg.execute(
+        'CREATE TABLE "a.b".c (id int PRIMARY KEY); CREATE TABLE a."b.c" (id int PRIMARY KEY)'
+    )
+    problems = errors(pg, [{"name": '"a.b".c'}, {"name": 'a."b.c"'}])
+    ((key, problem),) = problems.items()
+    assert key in ("tables[0].name", "tables[1].name")
+    assert "'a.b.c'" in problem and '"a"."b.c" and "a.b"."c"' in problem, problem

@@ -297,6 +297,29 @@ def _text_column_problems(
     return problems
 
 
+def _alike_problems(tables: Sequence[LakeTable]) -> list[tuple[str, str]]:
+    """Tables whose ``schema.table`` reads alike (schema ``a.b`` table ``c``, and schema ``a``
+    table ``b.c``) are refused: the lake's state, its batches and the source's ``_table_id``
+    name a table so, and would mix them (the copy failed on it, every start)."""
+    by_id: dict[str, list[LakeTable]] = {}
+    for table in tables:
+        by_id.setdefault(table.table_id, []).append(table)
+    problems = []
+    for table_id, alike in sorted(by_id.items()):
+        if len(alike) > 1:
+            names = " and ".join(sql.Identifier(t.schema, t.name).as_string() for t in alike)
+            key = alike[-1].config_key or ""
+            problems.append(
+                (
+                    f"{key}.name" if key.startswith("tables[") else "tables",
+                    f"tables {names} both read {table_id!r} as schema.table, which the lake "
+                    "names each table by: rename one (a schema or table name without dots), "
+                    "or mirror them in two pipelines",
+                )
+            )
+    return problems
+
+
 def _same_tables(a: PublicationInfo, b: PublicationInfo) -> bool:
     def norm(info: PublicationInfo) -> set[tuple[str, str, str | None, tuple[str, ...]]]:
         return {(t.schema, t.name, t.row_filter, t.columns) for t in info.tables}
@@ -568,6 +591,7 @@ def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> Sourc
         )
         source_tables.append(table)
     problems.extend(_text_column_problems(config, chosen.values(), used))
+    problems.extend(_alike_problems(lake_tables))
     problems.extend(_select_problems(conn, source_tables))
     if problems:
         raise ConfigError(problems)
