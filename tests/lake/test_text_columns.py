@@ -12,15 +12,19 @@ always is.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 
 from pgcdc.lake.config import ConfigError
 from pgcdc.lake.failures import PipelineError
 from pgcdc.lake.pipeline import Pipeline
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
+from tests.fix_pipeline import Background
 from tests.lake.test_pipeline import assert_equal, make_config, mirror_rows
 
 pytestmark = pytest.mark.slow
@@ -145,3 +149,76 @@ def test_a_text_column_the_table_lacks_is_refused(pg: PgDatabase, tmp_path: Path
             Pipeline(config).check()
         assert info.value.problems[0][0] == field, info.value.problems
     assert not (tmp_path / "lake").exists()
+
+
+def database_default(pg: PgDatabase, name: str, value: str) -> None:
+    with pg.connect() as conn:
+        database = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                sql.Identifier(database), sql.Identifier(name), sql.Literal(value)
+            )
+        )
+
+
+@newest_server
+def test_a_timestamptz_key_as_text_under_a_database_time_zone(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """A composite column makes the stream text format (binary=auto), which the walsender
+    printed in the database's TimeZone while the copy printed UTC: the delete's key matched no
+    row, and the update added a second one (found by review). --verify read the source in the
+    database's zone and float digits too, and called an equal mirror different."""
+    database_default(pg, "TimeZone", "America/New_York")
+    database_default(pg, "extra_float_digits", "0")
+    pg.execute(
+        "CREATE TYPE pair AS (a int, b text);"
+        "CREATE TABLE ev (k timestamptz PRIMARY KEY, v int, f float8, p pair);"
+        "INSERT INTO ev VALUES ('2024-01-02 03:04:05+00', 1, 1.0/3, '(1,x)'),"
+        " ('2024-06-01 00:00:00+00', 2, NULL, NULL)"
+    )
+    config = make_config(pg, tmp_path / "lake", [{"name": "ev", "text_columns": ["k", "f"]}])
+    first = Pipeline(config, spark=spark)
+    first.run(until_caught_up=True)  # the copy
+    assert [row[:3] for row in mirror_rows(first, "public.ev")] == [
+        ("2024-01-02 03:04:05+00", 1, "0.3333333333333333"),
+        ("2024-06-01 00:00:00+00", 2, None),
+    ]
+    assert_equal(first)
+    pg.execute("DELETE FROM ev WHERE v = 1")
+    pg.execute("UPDATE ev SET v = 3 WHERE v = 2")
+    second = Pipeline(config, spark=spark)
+    second.run(until_caught_up=True)
+    assert [row[:2] for row in mirror_rows(second, "public.ev")] == [("2024-06-01 00:00:00+00", 3)]
+    assert_equal(second)
+
+
+@newest_server
+def test_a_text_column_a_pattern_table_gains_while_the_query_runs(
+    pg: PgDatabase, spark: Any, tmp_path: Path, background: Callable[[Pipeline], Background]
+) -> None:
+    """The new column's NaN failed the batch before the schema change restarted the query,
+    naming as the fix the text_columns already set; and the restarted query kept the options
+    of the plan before the change (found by review)."""
+    pg.execute(
+        "CREATE TABLE odd1 (id int PRIMARY KEY, n numeric(10,2));"
+        "CREATE TABLE odd2 (id int PRIMARY KEY, v int);"
+        "INSERT INTO odd1 VALUES (1, 'NaN'); INSERT INTO odd2 VALUES (1, 1)"
+    )
+    config = make_config(pg, tmp_path / "lake", [{"name": "odd*", "text_columns": ["n"]}])
+    Pipeline(config, spark=spark).run(until_caught_up=True)  # the copy
+    running = Pipeline(config, spark=spark)
+    run = background(running).start()
+    pg.execute("ALTER TABLE odd2 ADD COLUMN n numeric(10,2)")
+    pg.execute("INSERT INTO odd2 VALUES (2, 2, 'NaN')")
+    deadline = time.monotonic() + 180
+    rows: list[tuple[Any, ...]] = []
+    while time.monotonic() < deadline and not run.failures:
+        rows = mirror_rows(running, "public.odd2")
+        if len(rows) == 2:
+            break
+        time.sleep(1)
+    failures = [str(f.__cause__ or f)[:2000] for f in run.failures]
+    run.stop()
+    assert not failures, failures
+    assert rows == [(1, 1, None), (2, 2, "NaN")]

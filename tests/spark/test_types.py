@@ -305,3 +305,52 @@ def test_text_columns_option_errors(
     pg.execute(TEXT_COLUMNS)
     with pytest.raises(Exception, match=re.escape(message)):
         read_snapshot(spark, pg.dsn(), tables=["public.tc"], textColumns=texts).schema  # noqa: B018
+
+
+def test_text_columns_agree_in_a_text_stream_under_database_defaults(
+    pg: PgDatabase, spark: SparkSession, checkpoint_dir
+) -> None:
+    """A database whose TimeZone is not UTC and whose bytea_output is escape: the text-format
+    stream (binary=auto takes it for the composite) gives what the copy gives, the text each
+    type's output function prints under pgcdc's settings (UTC, hex), user types included."""
+    with pg.connect() as conn:
+        database = conn.execute("SELECT current_database()").fetchone()[0]
+        for name, value in (("TimeZone", "America/New_York"), ("bytea_output", "escape")):
+            conn.execute(
+                sql.SQL("ALTER DATABASE {} SET {} = {}").format(
+                    sql.Identifier(database), sql.Identifier(name), sql.Literal(value)
+                )
+            )
+    pg.execute(
+        """
+        CREATE TYPE mood AS ENUM ('sad', 'a b');
+        CREATE DOMAIN dnum AS numeric(8,2);
+        CREATE DOMAIN darr AS int[];
+        CREATE TYPE pair AS (a int, t timestamptz);
+        CREATE TABLE tu (id int PRIMARY KEY, tz timestamptz, by bytea, e mood, ea mood[],
+            dn dnum, da darr, iv interval, pr pair);
+        """
+    )
+    create_publication(pg.dsn(), "p_tu", tables=["tu"])
+    create_slot_with_snapshot(pg.dsn(), "s_tu").release()
+    pg.execute(
+        """INSERT INTO tu VALUES (1, '2024-01-02 03:04:05.5+00', '\\x00ff41', 'a b',
+        '{sad,"a b",NULL}', 'NaN', '[2:3][0:1]={{1,2},{3,4}}', '-1 year +3 days -04:00:00.5',
+        '(1,"2024-01-01 00:00+00")')"""
+    )
+    names = ["tz", "by", "e", "ea", "dn", "da", "iv", "pr"]
+    texts = {"public.tu": names}
+    stream = run_stream(
+        spark, pg.dsn(), "s_tu", ["p_tu"], checkpoint_dir / "t", textColumns=texts
+    ).rows
+    snapshot = ordered(read_snapshot(spark, pg.dsn(), publications=["p_tu"], textColumns=texts))
+    with pg.connect() as conn:
+        for name, value in (("TimeZone", "UTC"), ("bytea_output", "hex")):
+            conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+        printed = sql.SQL(", ").join(
+            sql.SQL("format('%s', {})").format(sql.Identifier(c)) for c in names
+        )
+        row = conn.execute(sql.SQL("SELECT {} FROM tu").format(printed)).fetchone()
+    expected = {1: {"id": 1, **dict(zip(names, row, strict=True))}}
+    assert expected[1]["tz"] == "2024-01-02 03:04:05.5+00" and expected[1]["by"] == "\\x00ff41"
+    assert _new(stream, "tu") == _new(snapshot, "tu") == expected

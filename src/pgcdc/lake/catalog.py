@@ -590,7 +590,8 @@ def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> Sourc
             )
         )
         source_tables.append(table)
-    problems.extend(_text_column_problems(config, chosen.values(), used))
+    if not problems:  # a table left out for another problem used none of its text_columns
+        problems.extend(_text_column_problems(config, chosen.values(), used))
     problems.extend(_alike_problems(lake_tables))
     problems.extend(_select_problems(conn, source_tables))
     if problems:

@@ -231,7 +231,7 @@ class Pipeline:
         """Stop before a query starts when a table changed in a way the lake cannot follow
         (``pgcdc.lake.shape``); then record the tables' shapes, and return them by table id
         (empty before the lake has a state). ``replan``: read the tables' keys again (a
-        restart for a schema change: the run's plan predates it)."""
+        restart for a schema change: the run's plan predates it), and keep them as ``plan``."""
         plan = self.plan
         unplanned: ConfigError | None = None
         if replan:
@@ -239,6 +239,8 @@ class Pipeline:
                 plan = plan_source(self.dsn, self.config)
             except ConfigError as exc:  # e.g. a table renamed away, or its key gone
                 unplanned = exc
+            else:
+                self.plan = plan
         state = load_state(self.layout) or self.state
         if plan is None or state is None:
             return {}

@@ -156,6 +156,11 @@ class StreamRunner:
         while not pipeline.stopping.is_set():
             if restarts:  # a schema change: the first start checked in drop_gone_columns
                 pipeline.check_shapes(replan=True)
+                # the text_columns of a column a table gained since (a pattern entry's)
+                options.pop("textColumns", None)
+                texts = text_columns_option((pipeline.plan or plan).tables)
+                if texts:
+                    options["textColumns"] = texts
             spark = pipeline.spark()
             df = read_stream(spark, pipeline.dsn, source.slot, [source.publication], **options)
             query_writer = df.writeStream.foreachBatch(writer).option(

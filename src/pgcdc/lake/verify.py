@@ -28,7 +28,7 @@ from pgcdc.filters import RowFilter
 from pgcdc.lake.catalog import source_columns
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout, LakeTable
 from pgcdc.lake.target import DeltaTarget
-from pgcdc.replication.database import connect_sql
+from pgcdc.replication.database import connect_sql, with_codec_settings
 from pgcdc.spark.catalog import relation_scope
 
 __all__ = ["TableCheck", "compare_mirror", "compare_tables", "lake_rows", "source_rows"]
@@ -209,7 +209,8 @@ def source_rows(
         # the server's printed filter, parsed and printed back (plan_source checked it parses)
         where = RowFilter.parse(table.row_filter).sql()
         query = sql.SQL("{} WHERE ({})").format(query, sql.SQL(where.text))
-    with connect_sql(dsn) as conn, conn.cursor() as cur:
+    # under the output settings the lake's text was printed with (time zone, floats, dates)
+    with connect_sql(with_codec_settings(dsn)) as conn, conn.cursor() as cur:
         cur.execute(query)
         return [_row_text(row) for row in cur] if exprs else ["" for _ in cur]
 

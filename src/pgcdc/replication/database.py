@@ -78,6 +78,10 @@ CODEC_OUTPUT_SETTINGS: tuple[tuple[str, str], ...] = (
     ("intervalstyle", "postgres"),
     ("extra_float_digits", "3"),
     ("lc_monetary", "C"),
+    # as pg_text prints binary values: a timestamptz (in a text-format stream, a copy's
+    # ::text cast, a text column) in UTC rather than the database's zone, bytea in hex
+    ("timezone", "UTC"),
+    ("bytea_output", "hex"),
 )
 
 

@@ -345,7 +345,7 @@ def read_columns(conn: psycopg.Connection[Any], relids: Sequence[int]) -> list[R
 
 #: The output settings the codec reads a missing value's text with: those of the connections
 #: it decodes text from, and bytea in hex
-_MISSING_SETTINGS = (*CODEC_OUTPUT_SETTINGS, ("bytea_output", "hex"))
+_MISSING_SETTINGS = CODEC_OUTPUT_SETTINGS
 
 
 def missing_value_texts(

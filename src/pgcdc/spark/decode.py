@@ -106,6 +106,9 @@ class ChangeDecoder:
             return frozenset()
         layout = self.layouts.get(table.relid)
         names = {c.name for c in table.columns if c.as_text}
+        # a column the query's table lacks (added since) is never used: the batch fails with
+        # SchemaChanged first, and the restarted query reads it as its text_columns say
+        names.update(c.name for c in relation.columns if table.column(c.name) is None)
         if layout is not None:
             for column in table.columns:
                 index = layout.image_type.get_field_index(column.name)

@@ -144,6 +144,7 @@ def unreadable_value(column: tuple[str, str, str], reason: str) -> UnreadableVal
     return UnreadableValueError(
         f"{qualified}: {reason}",
         f"mirror column {name!r} as the text PostgreSQL prints: text_columns = "
-        f"[{json.dumps(name)}] in the [[tables]] entry of {qualified} (pgcdc run), or the "
-        f"source option textColumns={json.dumps({qualified: [name]})}",
+        f"[{json.dumps(name)}] in the [[tables]] entry of {qualified} (pgcdc run; a lake that "
+        "holds the table already then needs it copied again), or the source option "
+        f"textColumns={json.dumps({qualified: [name]})}",
     )
