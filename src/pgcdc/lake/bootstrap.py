@@ -83,6 +83,31 @@ def config_problems(
                 "and lake path)",
             )
         )
+    if state.snapshot_done:
+        problems.extend(_late_kinds(plan, layout))
+    return problems
+
+
+def _late_kinds(plan: SourcePlan, layout: LakeLayout) -> list[tuple[str, str]]:
+    """A history or changelog turned on after the initial copy: the copy writes every one the
+    configuration asks for, so one missing after it would hold only the keys changed since
+    (the others never get a version: the history's current versions would not be the table)."""
+    from pgcdc.lake.target import DeltaTarget
+
+    problems = []
+    for table in plan.tables:
+        for kind in table.kinds():
+            if kind == "mirror" or DeltaTarget(str(table.path(layout, kind))).exists():
+                continue
+            problems.append(
+                (
+                    f"{table.config_key}.{kind}" if table.config_key else "tables",
+                    f"{table.table_id} has no {kind} table: it was turned on after the initial "
+                    f"copy, and a {kind} started now would lack the rows no change touched "
+                    "since. Turn it off again, or copy the table anew with it: run a new "
+                    "pipeline (another slot, publication and lake path)",
+                )
+            )
     return problems
 
 

@@ -107,6 +107,14 @@ def history_rows(
         F.max_by(F.struct(*[F.col(c) for c in payload]), EV_SEQ).alias("r"),
         F.min_by(F.col(EV_OP), EV_SEQ).alias("first_op"),
     )
+    # how the transaction ends the key's version before it: 'D' if it deleted the key, first
+    # (deleted and wrote it again) or last (updated, then deleted it: no version follows)
+    ends = (
+        F.when((F.col("first_op") == "D") | (F.col("r").getField(EV_OP) == "D"), "D")
+        .otherwise("U")
+        .alias("ends")
+    )
+    collapsed = collapsed.select("*", ends)
     by_key = Window.partitionBy(EV_KEY).orderBy(EV_LSN)
     r = F.col("r")
     lsn = F.col(EV_LSN)
@@ -117,7 +125,8 @@ def history_rows(
         F.col("first_op"),
         F.lead(lsn).over(by_key).alias("next_lsn"),
         F.lead(r.getField(EV_TIME)).over(by_key).alias("next_time"),
-        F.lead(F.col("first_op")).over(by_key).alias("next_first_op"),
+        F.col("ends"),
+        F.lead(F.col("ends")).over(by_key).alias("next_ends"),
         F.row_number().over(by_key).alias("n"),
     )
 
@@ -161,8 +170,7 @@ def history_rows(
         F.when(F.col("first_op") == "I", "I").otherwise("U").alias(START_OP),
         F.when(by_trunc, "T")
         .when(next_lsn.isNull(), F.lit(None).cast("string"))
-        .when(F.col("next_first_op") == "D", "D")
-        .otherwise("U")
+        .otherwise(F.col("next_ends"))
         .alias(END_OP),
         F.lit("insert").alias(ACTION),
         *[r.getField(keep_column(i)).alias(keep_flag(i)) for i in keeps],
@@ -180,11 +188,11 @@ def history_rows(
         close_at = F.when(
             close_by_trunc, F.lit(first_trunc.commit_time).cast("timestamp")
         ).otherwise(r.getField(EV_TIME))
-        close_op = F.when(close_by_trunc, "T").when(F.col("first_op") == "D", "D").otherwise("U")
+        close_op = F.when(close_by_trunc, "T").otherwise(F.col("ends"))
     else:
         close_lsn = lsn
         close_at = r.getField(EV_TIME)
-        close_op = F.when(F.col("first_op") == "D", "D").otherwise("U")
+        close_op = F.col("ends")
     close_cols = []
     for name in columns:
         if name in table.row_keys:
