@@ -84,11 +84,13 @@ def config_problems(
             )
         )
     if state.snapshot_done:
-        problems.extend(_late_kinds(plan, layout))
+        problems.extend(_late_kinds(plan, layout, state))
     return problems
 
 
-def _late_kinds(plan: SourcePlan, layout: LakeLayout) -> list[tuple[str, str]]:
+def _late_kinds(
+    plan: SourcePlan, layout: LakeLayout, state: PipelineState
+) -> list[tuple[str, str]]:
     """A history or changelog turned on after the initial copy: the copy writes every one the
     configuration asks for, so one missing after it would hold only the keys changed since
     (the others never get a version: the history's current versions would not be the table)."""
@@ -96,8 +98,23 @@ def _late_kinds(plan: SourcePlan, layout: LakeLayout) -> list[tuple[str, str]]:
 
     problems = []
     for table in plan.tables:
+        # the kinds written when a query last started (states before this record: unknown)
+        written = state.shapes.get(table.table_id, {}).get("kinds")
         for kind in table.kinds():
-            if kind == "mirror" or DeltaTarget(str(table.path(layout, kind))).exists():
+            if kind == "mirror":
+                continue
+            if DeltaTarget(str(table.path(layout, kind))).exists():
+                if written is None or kind in written:
+                    continue
+                problems.append(
+                    (
+                        f"{table.config_key}.{kind}" if table.config_key else "tables",
+                        f"{table.table_id}'s {kind} was turned off and on again: it lacks "
+                        "every change made while it was off. Turn it off again, or copy the "
+                        "table anew with it: run a new pipeline (another slot, publication "
+                        "and lake path)",
+                    )
+                )
                 continue
             problems.append(
                 (

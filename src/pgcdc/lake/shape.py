@@ -54,6 +54,9 @@ def recorded_shape(table: LakeTable, shape: TableShape) -> dict[str, Any]:
         "multiset": table.multiset,
         "columns": {name: list(facts) for name, facts in shape.columns.items()},
         "text": sorted(table.text_columns),
+        # the tables written while the query runs: a history or changelog turned off and on
+        # again missed the changes in between (``bootstrap._late_kinds``)
+        "kinds": list(table.kinds()),
     }
 
 

@@ -28,7 +28,12 @@ from pgcdc.filters import RowFilter
 from pgcdc.lake.catalog import source_columns
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout, LakeTable
 from pgcdc.lake.target import DeltaTarget
-from pgcdc.replication.database import connect_sql, with_codec_settings
+from pgcdc.replication.database import (
+    UNLIMITED_TRANSACTION,
+    connect_sql,
+    with_codec_settings,
+    without_time_limits,
+)
 from pgcdc.spark.catalog import relation_scope
 
 __all__ = ["TableCheck", "compare_mirror", "compare_tables", "lake_rows", "source_rows"]
@@ -209,8 +214,11 @@ def source_rows(
         # the server's printed filter, parsed and printed back (plan_source checked it parses)
         where = RowFilter.parse(table.row_filter).sql()
         query = sql.SQL("{} WHERE ({})").format(query, sql.SQL(where.text))
-    # under the output settings the lake's text was printed with (time zone, floats, dates)
-    with connect_sql(with_codec_settings(dsn)) as conn, conn.cursor() as cur:
+    # under the output settings the lake's text was printed with (time zone, floats, dates),
+    # and without the database's time limits, as the copy reads (a whole table takes a while)
+    reader = without_time_limits(with_codec_settings(dsn))
+    with connect_sql(reader) as conn, conn.cursor() as cur:
+        cur.execute(UNLIMITED_TRANSACTION)
         cur.execute(query)
         return [_row_text(row) for row in cur] if exprs else ["" for _ in cur]
 
