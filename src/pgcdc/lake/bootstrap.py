@@ -98,6 +98,7 @@ def _late_kinds(
 
     problems = []
     for table in plan.tables:
+        entry = table.config_key or ""
         # the kinds written when a query last started (states before this record: unknown)
         written = state.shapes.get(table.table_id, {}).get("kinds")
         for kind in table.kinds():
@@ -108,7 +109,7 @@ def _late_kinds(
                     continue
                 problems.append(
                     (
-                        f"{table.config_key}.{kind}" if table.config_key else "tables",
+                        f"{entry}.{kind}" if entry.startswith("tables[") else f"lake.{kind}",
                         f"{table.table_id}'s {kind} was turned off and on again: it lacks "
                         "every change made while it was off. Turn it off again, or copy the "
                         "table anew with it: run a new pipeline (another slot, publication "
@@ -118,7 +119,7 @@ def _late_kinds(
                 continue
             problems.append(
                 (
-                    f"{table.config_key}.{kind}" if table.config_key else "tables",
+                    f"{entry}.{kind}" if entry.startswith("tables[") else f"lake.{kind}",
                     f"{table.table_id} has no {kind} table: it was turned on after the initial "
                     f"copy, and a {kind} started now would lack the rows no change touched "
                     "since. Turn it off again, or copy the table anew with it: run a new "
