@@ -104,25 +104,22 @@ def _late_kinds(
         for kind in table.kinds():
             if kind == "mirror":
                 continue
-            if DeltaTarget(str(table.path(layout, kind))).exists():
-                if written is None or kind in written:
-                    continue
-                problems.append(
-                    (
-                        f"{entry}.{kind}" if entry.startswith("tables[") else f"lake.{kind}",
-                        f"{table.table_id}'s {kind} was turned off and on again: it lacks "
-                        "every change made while it was off. Turn it off again, or copy the "
-                        "table anew with it: run a new pipeline (another slot, publication "
-                        "and lake path)",
-                    )
+            if not DeltaTarget(str(table.path(layout, kind))).exists():
+                why = (
+                    f"{table.table_id} has no {kind} table: it was turned on after the initial "
+                    f"copy, and a {kind} started now would lack the rows no change touched since"
                 )
+            elif written is not None and kind not in written:
+                why = (
+                    f"{table.table_id}'s {kind} was turned off and on again: it lacks every "
+                    "change made while it was off"
+                )
+            else:
                 continue
             problems.append(
                 (
                     f"{entry}.{kind}" if entry.startswith("tables[") else f"lake.{kind}",
-                    f"{table.table_id} has no {kind} table: it was turned on after the initial "
-                    f"copy, and a {kind} started now would lack the rows no change touched "
-                    "since. Turn it off again, or copy the table anew with it: run a new "
+                    f"{why}. Turn it off again, or copy the table anew with it: run a new "
                     "pipeline (another slot, publication and lake path)",
                 )
             )

@@ -149,18 +149,18 @@ class StreamRunner:
         # between two even when batches follow each other at once (a busy source)
         pause = self.layout.state_dir / f"pause-{uuid.uuid4().hex}"
         options["pauseFile"] = str(pause)
-        texts = text_columns_option(plan.tables)
-        if texts:
-            options["textColumns"] = texts
+        current = plan
         restarts = 0
         while not pipeline.stopping.is_set():
             if restarts:  # a schema change: the first start checked in drop_gone_columns
                 pipeline.check_shapes(replan=True)
-                # the text_columns of a column a table gained since (a pattern entry's)
+                # a pattern entry's text_columns may name a column a table gained since
+                current = pipeline.plan or plan
+            texts = text_columns_option(current.tables)
+            if texts:
+                options["textColumns"] = texts
+            else:
                 options.pop("textColumns", None)
-                texts = text_columns_option((pipeline.plan or plan).tables)
-                if texts:
-                    options["textColumns"] = texts
             spark = pipeline.spark()
             df = read_stream(spark, pipeline.dsn, source.slot, [source.publication], **options)
             query_writer = df.writeStream.foreachBatch(writer).option(
