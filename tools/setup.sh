@@ -8,6 +8,9 @@
 #     tools/pg18/package-lock.json) under .cache/pg18, with the symlinks its shared libraries need
 #   - Delta Lake's Spark connector and what it needs beyond Spark (tools/jars/pom.xml, exact
 #     versions) from Maven Central into .cache/jars, with Maven (Debian's maven when missing)
+#   - Hadoop's S3A connector and the AWS SDK modules it uses (tools/jars/s3/pom.xml) into
+#     .cache/jars-s3, loaded only for lakes on s3:// paths
+#   - S3Proxy, the S3 server of the tests (tools/s3proxy/pom.xml), into .cache/s3proxy
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -51,17 +54,25 @@ if ! command -v java >/dev/null 2>&1; then
     apt_install openjdk-17-jre-headless
 fi
 
-# --- Delta Lake's Spark connector (Maven Central) -------------------------------------------
-# pgcdc's Spark sessions load every jar of .cache/jars (pgcdc.lake.delta); copied again when the
-# pom changes
-JARS=.cache/jars
-if [ ! -f "$JARS/.installed" ] || [ tools/jars/pom.xml -nt "$JARS/.installed" ]; then
-    log "fetching Delta Lake's Spark connector from Maven Central into $JARS"
-    if ! command -v mvn >/dev/null 2>&1; then apt_install maven; fi
-    rm -rf "$JARS" && mkdir -p "$JARS"
-    mvn -q -B -Dstyle.color=never -f tools/jars/pom.xml dependency:copy-dependencies -DoutputDirectory="$ROOT/$JARS" >&2
-    touch "$JARS/.installed"
-fi
+# --- JVM libraries (Maven Central) ----------------------------------------------------------
+# fetch_jars POM FOLDER WHAT: the jars POM lists, copied into FOLDER afresh when the pom is newer
+# than the folder's .installed marker (so a changed pom never leaves a stale jar behind)
+fetch_jars() {
+    local pom=$1 folder=$2 what=$3
+    if [ ! -f "$folder/.installed" ] || [ "$pom" -nt "$folder/.installed" ]; then
+        log "fetching $what from Maven Central into $folder"
+        if ! command -v mvn >/dev/null 2>&1; then apt_install maven; fi
+        rm -rf "$folder" && mkdir -p "$folder"
+        mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DoutputDirectory="$ROOT/$folder" >&2
+        touch "$folder/.installed"
+    fi
+}
+# pgcdc's Spark sessions load every jar of .cache/jars (pgcdc.lake.delta)
+fetch_jars tools/jars/pom.xml .cache/jars "Delta Lake's Spark connector"
+# a folder of its own: only lakes on s3:// paths add it, local lakes keep the class path above
+fetch_jars tools/jars/s3/pom.xml .cache/jars-s3 "Hadoop's S3A connector"
+# test-only (tests/fix_s3.py starts it), never on Spark's class path
+fetch_jars tools/s3proxy/pom.xml .cache/s3proxy "S3Proxy (the tests' S3 server)"
 
 # --- PostgreSQL 15 (Debian) -----------------------------------------------------------------
 if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
