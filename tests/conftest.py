@@ -5,7 +5,7 @@ import os
 import pytest
 from hypothesis import settings
 
-pytest_plugins = ["tests.fix_pg", "tests.fix_pipeline", "tests.fix_proxy"]
+pytest_plugins = ["tests.fix_pg", "tests.fix_pipeline", "tests.fix_proxy", "tests.fix_s3"]
 
 # CI runs the property tests derandomized (the same examples every run, so a red run is
 # reproducible) and without hypothesis's per-example deadline (a stall of the loaded CI machine
