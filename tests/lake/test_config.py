@@ -75,7 +75,7 @@ def test_errors_name_the_key() -> None:
     found = problems(
         {
             "source": {"slot": "Bad-Slot", "publication": "p"},
-            "lake": {"path": "s3://bucket/lake", "rows_per_commit": 10, "purge_deleted_share": 2},
+            "lake": {"path": "gs://bucket/lake", "rows_per_commit": 10, "purge_deleted_share": 2},
             "spark": {"master": "localhost"},
             "stream": {"max_changes_per_trigger": 0},
             "tables": [
@@ -88,7 +88,7 @@ def test_errors_name_the_key() -> None:
         }
     )
     assert "valid slot name" in found["source.slot"]
-    assert "only local" in found["lake.path"]
+    assert "or s3://bucket/prefix" in found["lake.path"]
     # a key of the earlier writer: gone, and said why
     assert "no longer used" in found["lake.rows_per_commit"]
     assert "less than or equal to 1" in found["lake.purge_deleted_share"]
@@ -150,8 +150,8 @@ def test_lake_paths_are_safe() -> None:
     assert encode_name("_pgcdc") == "~5Fpgcdc"
     assert encode_name("..") == "~2E~2E"
     assert encode_name("a/b%c") == "a~2Fb~25c"
-    assert layout.table_path("s", "t") == Path("/lake/s/t")
-    assert layout.table_path("s", "t", "history") == Path("/lake/s/t.history")
+    assert layout.table_path("s", "t").local() == Path("/lake/s/t")
+    assert layout.table_path("s", "t", "history").local() == Path("/lake/s/t.history")
     assert layout.table_path("s", "t.history") != layout.table_path("s", "t", "history")
 
 

@@ -321,7 +321,8 @@ def test_unfinished_snapshot_is_copied_again(pg: PgDatabase, spark: Any, tmp_pat
     )
     save_state(crashed.layout, state)
     pg.execute("SELECT pg_create_logical_replication_slot('lake_slot', 'pgoutput')")
-    leftover = plan.table("public.items").path(crashed.layout, "history") / "part-x.parquet"
+    history_path = plan.table("public.items").path(crashed.layout, "history")
+    leftover = history_path.local() / "part-x.parquet"
     leftover.parent.mkdir(parents=True)
     leftover.write_bytes(b"partial")
     pg.execute("UPDATE items SET qty = 0 WHERE id <= 10")  # after the crashed slot's start
@@ -350,7 +351,7 @@ def test_a_torn_first_checkpoint_write_does_not_stall_later_runs(
     first = Pipeline(config, spark=spark)
     first.run(until_caught_up=True)  # the copy; nothing to stream yet
     assert first.state is not None
-    checkpoint = first.state.checkpoint(first.layout)
+    checkpoint = first.state.checkpoint(first.layout).local()
     shutil.rmtree(checkpoint)  # as it was when the first run was killed amid its first batch
     (checkpoint / "offsets").mkdir(parents=True)
     (checkpoint / "offsets" / ".0.51c21851-4c3a-4a4e-9d7f-3c4f6b0e8a11.tmp").write_text("v1\n")

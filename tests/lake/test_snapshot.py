@@ -127,7 +127,7 @@ def test_a_failed_copy_leaves_no_files_and_commits_nothing(
     assert pipeline.plan is not None
     tables = pipeline.plan.tables
     # the changelog of kv cannot be created: its copy task fails, the others may have written
-    blocked = pipeline.plan.table("public.kv").path(pipeline.layout, "changelog")
+    blocked = pipeline.plan.table("public.kv").path(pipeline.layout, "changelog").local()
     blocked.parent.mkdir(parents=True, exist_ok=True)
     blocked.write_text("in the way")
     reader = snapshot_reader(snapshot_options(pg.dsn(), tables=list(TABLES), partitionsPerTable=2))

@@ -19,7 +19,7 @@ def test_a_state_round_trips(tmp_path: Path) -> None:
     )
     save_state(layout, state)
     assert load_state(layout) == state
-    assert json.loads(layout.state_file.read_text())["format"] == STATE_FORMAT == 2
+    assert json.loads(layout.state_file.local().read_text())["format"] == STATE_FORMAT == 2
 
 
 def test_a_lake_of_the_delta_rs_writer_is_refused_with_the_fix(tmp_path: Path) -> None:
@@ -28,9 +28,9 @@ def test_a_lake_of_the_delta_rs_writer_is_refused_with_the_fix(tmp_path: Path) -
         system_identifier="1", database="db", slot="s", publication="p", tables=("public.t",)
     )
     save_state(layout, state)
-    data = json.loads(layout.state_file.read_text())
+    data = json.loads(layout.state_file.local().read_text())
     data["format"] = 1
-    layout.state_file.write_text(json.dumps(data))
+    layout.state_file.local().write_text(json.dumps(data))
     with pytest.raises(StateError, match=r"earlier pgcdc .*Move the lake away"):
         load_state(layout)
 
@@ -40,6 +40,7 @@ def test_torn_checkpoint_writes_are_removed(tmp_path: Path) -> None:
     Spark then refused the checkpoint on every start (it must be empty at batch 0). The
     temporary files go; the logs' own files stay."""
     from pgcdc.lake.state import remove_torn_writes
+    from pgcdc.lake.storage import LakePath
 
     offsets = tmp_path / "offsets"
     commits = tmp_path / "commits"
@@ -50,11 +51,11 @@ def test_torn_checkpoint_writes_are_removed(tmp_path: Path) -> None:
     (offsets / "1").write_text("v1")
     (offsets / ".1.crc").write_text("x")
     (commits / ".1.aa.tmp").write_text("v1")
-    removed = remove_torn_writes(tmp_path)
+    removed = remove_torn_writes(LakePath.parse(tmp_path))
     assert sorted(removed) == [
         "commits/.1.aa.tmp",
         "offsets/..0.51c21851.tmp.crc",
         "offsets/.0.51c21851.tmp",
     ]
     assert sorted(p.name for p in offsets.iterdir()) == [".1.crc", "1"]
-    assert remove_torn_writes(tmp_path / "missing") == []
+    assert remove_torn_writes(LakePath.parse(tmp_path / "missing")) == []

@@ -193,7 +193,7 @@ def _prepare_lake(lake: Path) -> Path:
 
     lake = lake.resolve()
     if lake.exists():
-        if not (LakeLayout(lake).state_file.exists() or not any(lake.iterdir())):
+        if not (LakeLayout(lake).state_file.tag() is not None or not any(lake.iterdir())):
             raise SystemExit(
                 f"{lake} exists and is not a pgcdc demo lake: choose another --lake folder"
             )

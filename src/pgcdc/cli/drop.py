@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _say(console, str(exc), "red")
         return 2
-    layout = LakeLayout(config.lake.path)
+    layout = LakeLayout(config.lake.location())
     if not layout.state_dir.is_dir():  # no run ever held this lake: nothing to lock
         return _drop(args, config, layout, console)
     with contextlib.ExitStack() as stack:

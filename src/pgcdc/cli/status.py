@@ -50,6 +50,7 @@ from pgcdc.lsn import Lsn
 if TYPE_CHECKING:  # the lake (delta-rs, pyarrow) is imported when the command runs
     from pgcdc.lake.config import PipelineConfig
     from pgcdc.lake.state import PipelineState
+    from pgcdc.lake.storage import LakePath
     from pgcdc.lake.tables import LakeLayout
 
 NAME = "status"
@@ -91,7 +92,7 @@ def _parse_time(text: str | None) -> datetime | None:
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
-def _mirror_path(layout: LakeLayout, table_id: str) -> tuple[str, str, Path]:
+def _mirror_path(layout: LakeLayout, table_id: str) -> tuple[str, str, LakePath]:
     """The schema, table and mirror path of a ``schema.table`` id (names may hold dots)."""
     splits = [i for i, ch in enumerate(table_id) if ch == "."]
     for i in splits:
@@ -214,7 +215,7 @@ def collect(config: PipelineConfig, *, now: datetime | None = None) -> dict[str,
     from pgcdc.replication.database import connect_sql
 
     now = now or datetime.now(UTC)
-    layout = LakeLayout(config.lake.path)
+    layout = LakeLayout(config.lake.location())
     state = load_state(layout)
     slot_name = state.slot if state is not None else config.source.slot
     publication = state.publication if state is not None else config.source.publication

@@ -32,7 +32,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from pgcdc.lake.catalog import missing_values
@@ -49,6 +48,7 @@ from pgcdc.lake.mirror import inserted_only
 from pgcdc.lake.multiset import assign_rows
 from pgcdc.lake.schema_evolution import Defaults
 from pgcdc.lake.sink import SINKS, TableBatch
+from pgcdc.lake.storage import LakePath
 from pgcdc.lake.tables import ROW_ID, LakeLayout, LakeTable, TableKind
 from pgcdc.lake.target import DeltaTarget
 from pgcdc.lsn import Lsn
@@ -173,7 +173,7 @@ class LakeBatchWriter:
     maintenance: Maintenance | None = None
 
     def _paths(self, table: LakeTable) -> dict[TableKind, str]:
-        layout = LakeLayout(Path(self.lake))
+        layout = LakeLayout(LakePath.parse(self.lake).location)
         return {kind: str(table.path(layout, kind)) for kind in table.kinds()}
 
     def __call__(self, df: Any, batch_id: int) -> None:

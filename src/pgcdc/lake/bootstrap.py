@@ -38,7 +38,7 @@ def config_problems(
     """What in ``config`` (planned as ``plan``, against the source ``server_identity``)
     contradicts the pipeline the lake holds: (setting, problem and fix) pairs."""
     system_id, database = server
-    layout = LakeLayout(config.lake.path)
+    layout = LakeLayout(config.lake.location())
     problems: list[tuple[str, str]] = []
     if state.system_identifier != system_id or state.database != database:
         problems.append(
@@ -138,7 +138,7 @@ class Start:
 def start_point(config: PipelineConfig, state: PipelineState | None, dsn: str) -> Start:
     """Resume or copy; raises ``PipelineError`` or ``ConfigError`` naming the fix when the
     lake and the source do not allow either."""
-    layout = LakeLayout(config.lake.path)
+    layout = LakeLayout(config.lake.location())
     source = config.source
     if state is not None and state.dropped_at is not None:
         raise PipelineError(

@@ -26,12 +26,15 @@ Reference (defaults in brackets):
     of WAL the slot may hold back before ``run`` logs a warning; ``health_check_interval`` [10]
     seconds between the running pipeline's checks of its slot (retained WAL, invalidation).
 ``[lake]``
-    ``path``: the lake folder (local, or a shared filesystem mounted at the same path on every
-    Spark machine); ``history`` [false] and ``changelog`` [false]: defaults for every table;
+    ``path``: the lake folder (local, a shared filesystem mounted at the same path on every
+    Spark machine, or an S3 prefix); ``history`` [false] and ``changelog`` [false]: defaults
+    for every table;
     ``compact_files`` [100], ``target_file_size`` ["16MB"], ``purge_deleted_share`` [0.25],
     ``vacuum`` [true], ``vacuum_retention_hours`` [168] and ``vacuum_interval`` [3600]:
     compaction of each Delta table's small files, purging of the rows its deletion vectors mark
-    and removal of replaced files, between batches (``pgcdc.lake.maintenance``).
+    and removal of replaced files, between batches (``pgcdc.lake.maintenance``). ``path`` may
+    be ``s3://bucket/prefix``: ``[lake.s3]`` then says how to reach the store (``endpoint``,
+    ``region`` ["us-east-1"], ``path_style`` [false]); credentials come from the environment.
 ``[spark]``
     ``master`` ["local[*]"]: ``local[N]``, ``spark://host:port``, ``yarn`` or ``k8s://...``
     (not Spark Connect: the lake is written through Delta's Spark connector in the driver's
@@ -101,6 +104,7 @@ from pydantic import (
 from pgcdc.errors import PgcdcError
 from pgcdc.filters import RowFilter, RowFilterError
 from pgcdc.lake.maintenance import Maintenance
+from pgcdc.lake.storage import LakeLocation, S3Settings, is_s3_uri
 from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.replication import check_publication_name, scrub_secrets
 from pgcdc.sizes import parse_size
@@ -131,6 +135,8 @@ def _size(value: object) -> object:
 #: bytes, or a size such as "512MB" in pipeline.toml
 Size = Annotated[int, BeforeValidator(_size)]
 
+#: S3's rules for bucket names (3-63 characters; S3-compatible stores follow them)
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _LOCAL_MASTER = re.compile(r"local(\[(\*|[1-9][0-9]*)(,\s*[1-9][0-9]*)?\])?")
 
 
@@ -288,10 +294,44 @@ class MetricsSettings(_Model):
 _MAINTENANCE = Maintenance()
 
 
+class S3Section(_Model):
+    """``[lake.s3]``: how to reach the S3-compatible store of an ``s3://`` lake. Credentials are
+    never set here: pgcdc, Spark and delta-rs take them from the environment
+    (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``) or the standard AWS chain."""
+
+    endpoint: str | None = Field(
+        default=None,
+        description="the store's URL, e.g. http://127.0.0.1:9000 (default: AWS S3 itself)",
+    )
+    region: str = Field(default="us-east-1", min_length=1, description="the bucket's region")
+    path_style: bool = Field(
+        default=False,
+        description="bucket in the URL's path, not its host name (most self-hosted stores)",
+    )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(
+                f"{value!r}: write the endpoint as a URL, https://host[:port] (or http:// for "
+                "a store without TLS)"
+            )
+        return value.rstrip("/") if value else value
+
+    def settings(self) -> S3Settings:
+        return S3Settings(self.endpoint, self.region, self.path_style)
+
+
 class LakeSettings(_Model):
     """``[lake]``: where the Delta tables live and which kinds every table gets by default."""
 
-    path: Path = Field(description="lake folder (local or shared filesystem)")
+    path: Path | str = Field(
+        description=(
+            "lake folder (local or shared filesystem), or s3://bucket/prefix (with [lake.s3])"
+        )
+    )
+    s3: S3Section | None = Field(default=None, description="the store of an s3:// lake")
     history: bool = Field(default=False, description="SCD type 2 history table per table")
     changelog: bool = Field(default=False, description="append-only change log per table")
     compact_files: int = Field(
@@ -341,6 +381,11 @@ class LakeSettings(_Model):
         description="seconds between two vacuums of a Delta table (each lists its folder)",
     )
 
+    def location(self) -> LakeLocation:
+        """Where the lake is and how to reach it."""
+        s3 = self.s3.settings() if self.s3 is not None else None
+        return LakeLocation.parse(self.path, s3).register()
+
     def maintenance(self) -> Maintenance:
         """When to compact, purge and vacuum the Delta tables, as these settings say."""
         return Maintenance(
@@ -358,14 +403,31 @@ class LakeSettings(_Model):
         if isinstance(value, str):
             if not value.strip():
                 raise ValueError("the lake path is empty")
+            if is_s3_uri(value):
+                bucket = value.split("://", 1)[1].split("/", 1)[0]
+                if not _BUCKET.fullmatch(bucket):
+                    raise ValueError(
+                        f"{value!r}: {bucket!r} is not an S3 bucket name (3-63 lower-case "
+                        "letters, digits, dots and hyphens): write s3://bucket/prefix"
+                    )
+                return value
             if "://" in value and not value.startswith("file://"):
                 raise ValueError(
-                    f"{value!r}: only local or mounted shared filesystem paths are supported "
-                    "(the executors write snapshot files there directly)"
+                    f"{value!r}: lake.path is a local or mounted folder, or s3://bucket/prefix"
                 )
             if value.startswith("file://"):
-                return value[len("file://") :]
+                return Path(value[len("file://") :])
+            return Path(value)
         return value
+
+    @model_validator(mode="after")
+    def _s3(self) -> LakeSettings:
+        if self.s3 is not None and not isinstance(self.path, str):
+            raise ValueError(
+                "[lake.s3] is set but lake.path is a local folder: write lake.path as "
+                "s3://bucket/prefix, or remove [lake.s3]"
+            )
+        return self
 
 
 class SparkSettings(_Model):
@@ -641,11 +703,13 @@ def parse_config(
         config = PipelineConfig.model_validate(dict(data))
     except ValidationError as exc:
         raise ConfigError(_problems(exc), source=source) from None
-    if base_dir is not None and not config.lake.path.is_absolute():
-        lake = config.lake.model_copy(update={"path": (base_dir / config.lake.path).resolve()})
+    path = config.lake.path
+    if base_dir is not None and isinstance(path, Path) and not path.is_absolute():
+        lake = config.lake.model_copy(update={"path": (base_dir / path).resolve()})
         config = config.model_copy(update={"lake": lake})
     problems: list[tuple[str, str]] = []
-    blocked = _not_a_folder(config.lake.path)
+    path = config.lake.path
+    blocked = _not_a_folder(path) if isinstance(path, Path) else None
     if blocked is not None:
         what = "is" if blocked == config.lake.path else f"is under {blocked}, which is"
         problems.append(

@@ -107,17 +107,28 @@ TABLE_PROPERTIES = {
 }
 
 
-def connector_jars() -> tuple[Path, ...]:
+def connector_jars(*, s3: bool = False) -> tuple[Path, ...]:
     """The jars of Delta's connector to load: ``$PGCDC_JARS`` (a folder), else the source
-    checkout's ``.cache/jars`` (``make`` fills it); empty when neither has any."""
-    configured = os.environ.get("PGCDC_JARS")
-    if configured:
-        folder = Path(configured)
-    else:
-        folder = Path(__file__).resolve().parents[3] / ".cache" / "jars"
-    if not folder.is_dir():
-        return ()
-    return tuple(sorted(folder.glob("*.jar")))
+    checkout's ``.cache/jars`` (``make`` fills it); empty when neither has any. With ``s3``,
+    also Hadoop's S3A connector: ``$PGCDC_S3_JARS``, else ``.cache/jars-s3``."""
+    cache = Path(__file__).resolve().parents[3] / ".cache"
+    folders = [Path(os.environ.get("PGCDC_JARS") or cache / "jars")]
+    if s3:
+        folders.append(Path(os.environ.get("PGCDC_S3_JARS") or cache / "jars-s3"))
+    return tuple(
+        jar for folder in folders if folder.is_dir() for jar in sorted(folder.glob("*.jar"))
+    )
+
+
+def s3_jars_missing() -> str | None:
+    """Why an s3:// lake cannot be written (no S3A connector among the jars), if so."""
+    if any(j.name.startswith("hadoop-aws-") for j in connector_jars(s3=True)):
+        return None
+    return (
+        "an s3:// lake needs Hadoop's S3A connector (hadoop-aws), which is not in "
+        "$PGCDC_S3_JARS or .cache/jars-s3. Fix: run `make setup` (it fetches the jars of "
+        "tools/jars/s3/pom.xml from Maven Central)"
+    )
 
 
 def _add_to_list(settings: dict[str, str], key: str, values: Sequence[str]) -> None:
@@ -126,11 +137,12 @@ def _add_to_list(settings: dict[str, str], key: str, values: Sequence[str]) -> N
     settings[key] = ",".join(have + [v for v in values if v not in have])
 
 
-def delta_settings(conf: Mapping[str, str] | None = None) -> dict[str, str]:
+def delta_settings(conf: Mapping[str, str] | None = None, *, s3: bool = False) -> dict[str, str]:
     """``conf`` (a session's Spark settings) with Delta's connector added: its jars (or its
-    package), SQL extension and catalog, and ``DEFAULTS`` where ``conf`` has no value."""
+    package), SQL extension and catalog, and ``DEFAULTS`` where ``conf`` has no value; with
+    ``s3``, Hadoop's S3A connector's jars too."""
     settings = dict(conf or {})
-    jars = connector_jars()
+    jars = connector_jars(s3=s3)
     if jars:
         _add_to_list(settings, "spark.jars", [str(j) for j in jars])
     else:

@@ -42,7 +42,7 @@ from pgcdc.replication import (
 )
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from pgcdc.lake.storage import LakePath
 
 __all__ = [
     "BatchEvents",
@@ -116,7 +116,7 @@ class RunObserver:
 
 def slot_lost_message(
     slot: str,
-    lake: Path,
+    lake: LakePath,
     *,
     wal_status: str | None,
     reason: str | None,
@@ -134,7 +134,7 @@ def slot_lost_message(
     )
 
 
-def slot_gone_message(slot: str, lake: Path, since: str | None) -> str:
+def slot_gone_message(slot: str, lake: LakePath, since: str | None) -> str:
     """The error for a slot that no longer exists under a running or resumed pipeline."""
     where = f" since {since}" if since else ""
     return (
@@ -143,7 +143,7 @@ def slot_gone_message(slot: str, lake: Path, since: str | None) -> str:
     )
 
 
-def publication_gone_message(publication: str, lake: Path) -> str:
+def publication_gone_message(publication: str, lake: LakePath) -> str:
     """The error for a publication dropped under a running or resumed pipeline."""
     return (
         f"publication {publication!r} is gone from the source: PostgreSQL no longer sends the "
@@ -185,7 +185,7 @@ class SlotMonitor:
         self,
         dsn: str,
         slot: str,
-        lake: Path,
+        lake: LakePath,
         *,
         metrics: PipelineMetrics,
         observer: Observer,

@@ -55,7 +55,13 @@ from pgcdc.lake.batch import PROGRESS, Progress
 from pgcdc.lake.bootstrap import config_problems, server_identity, start_point
 from pgcdc.lake.catalog import SourcePlan, plan_source
 from pgcdc.lake.config import ConfigError, PipelineConfig
-from pgcdc.lake.delta import delta_settings, is_delta_table, quiet_logs, table_schema
+from pgcdc.lake.delta import (
+    delta_settings,
+    is_delta_table,
+    quiet_logs,
+    s3_jars_missing,
+    table_schema,
+)
 from pgcdc.lake.failures import PipelineError, spark_reason
 from pgcdc.lake.initial_copy import InitialCopy
 from pgcdc.lake.monitor import Observer, RunObserver, SlotMonitor
@@ -89,10 +95,14 @@ SPILL_READ_AHEAD_KEY = "spark.unsafe.sorter.spill.read.ahead.enabled"
 
 def session_conf(config: PipelineConfig) -> dict[str, str]:
     """The Spark settings of the session a pipeline starts: ``[spark.conf]`` with Delta's
-    connector added (``delta.delta_settings``), and defaults for what it leaves out
+    connector added (``delta.delta_settings``), the S3A file system's settings of an s3://
+    lake (``[lake.s3]``), and defaults for what it leaves out
     (``[spark] driver_host``, the cached batch size, the serializer's reset interval and the
     sort spill readers' read-ahead below)."""
-    conf = delta_settings(config.spark.conf)
+    location = config.lake.location()
+    conf = delta_settings(config.spark.conf, s3=location.is_s3)
+    for key, value in location.spark_settings().items():
+        conf.setdefault(key, value)
     if config.spark.master.startswith("local"):
         # adaptive execution cannot coalesce a local session's few shuffle partitions, and
         # it runs each shuffle stage as a job of its own: a fixed cost per stage
@@ -150,7 +160,7 @@ class Pipeline:
         #: why the run must end (the slot monitor's finding), once it must
         self.fatal: str | None = None
         self.fail_after = fail_after_commits
-        self.layout = LakeLayout(config.lake.path)
+        self.layout = LakeLayout(config.lake.location())
         self._spark = spark
         self._on_spark = on_spark
         #: the streaming query, while one runs
@@ -188,6 +198,10 @@ class Pipeline:
 
     def check(self) -> SourcePlan:
         """Validate the configuration against the source and the lake; creates nothing."""
+        if self.layout.location.is_s3 and self._spark is None:
+            missing = s3_jars_missing()
+            if missing is not None:
+                raise PipelineError(missing)
         plan = plan_source(self.dsn, self.config)
         state = load_state(self.layout)
         if state is not None:

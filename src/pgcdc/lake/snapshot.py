@@ -30,14 +30,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -46,6 +44,7 @@ from pgcdc.lake.changelog import changelog_rows
 from pgcdc.lake.changes import image_columns, lake_image, needs_cast, quote_column
 from pgcdc.lake.delta import AddedFile, commit_files, create_table, stats_json
 from pgcdc.lake.multiset import snapshot_row_id
+from pgcdc.lake.storage import LakeLocation, LakePath, StorageError
 from pgcdc.lake.tables import (
     CL_COMMIT_LSN,
     CL_COMMIT_LSN_TEXT,
@@ -145,9 +144,7 @@ def remove_tables(layout: LakeLayout, tables: Sequence[LakeTable]) -> None:
     for table in tables:
         kinds: tuple[TableKind, ...] = ("mirror", "history", "changelog")
         for kind in kinds:
-            path: Path = table.path(layout, kind)
-            if path.exists():
-                shutil.rmtree(path)
+            if table.path(layout, kind).remove_tree():
                 log.info("removed %s %s of an unfinished snapshot", table.table_id, kind)
 
 
@@ -220,12 +217,12 @@ def _timestamp_stat(value: datetime, *, upper: bool) -> str:
     return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
 
 
-def file_stats(path: str, output: SnapshotOutput) -> str:
+def file_stats(path: str, output: SnapshotOutput, filesystem: Any = None) -> str:
     """Delta's statistics of a Parquet file a copy task wrote, from its footer: its rows, and
     the min, max and null count of ``output.stats``'s columns."""
     import pyarrow.parquet as pq
 
-    meta = pq.read_metadata(path)
+    meta = pq.read_metadata(path, filesystem=filesystem)
     index = {meta.schema.column(j).path: j for j in range(meta.num_columns)}
     types = {f.name: f.type for f in output.physical}
     minimum: dict[str, Any] = {}
@@ -279,10 +276,16 @@ class SnapshotTask:
     consistent_point: Lsn
     started_at: datetime
     tag: str
+    location: LakeLocation  # the lake: where the files go (a local folder or S3)
 
     def copy(self, index: int) -> pa.RecordBatch:
         """Copy partition ``index``; one row per file written."""
         import pyarrow.parquet as pq
+
+        fs = self.location.arrow_filesystem()
+
+        def file(output: SnapshotOutput, name: str) -> str:
+            return self.location.arrow_path(f"{output.directory}/{name}")
 
         partition = self.partitions[index]
         outputs = self.outputs.get(partition.relid, ())
@@ -308,13 +311,14 @@ class SnapshotTask:
                 table = to_physical(table, output.physical)
                 if i not in writers:
                     name = f"part-{uuid.uuid4().hex}-{self.tag}.snappy.parquet"
-                    os.makedirs(output.directory, exist_ok=True)
-                    path = os.path.join(output.directory, name)
+                    if not self.location.is_s3:  # S3 has no folders
+                        os.makedirs(output.directory, exist_ok=True)
                     writers[i] = (
                         name,
                         pq.ParquetWriter(
-                            path,
+                            file(output, name),
                             output.physical,
+                            filesystem=fs,
                             compression="snappy",
                             use_dictionary=dictionary_columns(table),
                         ),
@@ -330,21 +334,21 @@ class SnapshotTask:
                 with contextlib.suppress(Exception):
                     writer.close()
                 with contextlib.suppress(OSError):
-                    os.remove(os.path.join(outputs[i].directory, name))
+                    fs.delete_file(file(outputs[i], name))
             raise
         report = []
         for i, (name, writer) in writers.items():
             writer.close()
             output = outputs[i]
-            path = os.path.join(output.directory, name)
+            path = file(output, name)
             report.append(
                 {
                     "table_id": output.table_id,
                     "kind": output.kind,
                     "path": name,
-                    "size": os.path.getsize(path),
+                    "size": fs.get_file_info(path).size,
                     "rows": rows[i],
-                    "stats": file_stats(path, output),
+                    "stats": file_stats(path, output, fs),
                 }
             )
         return pa.RecordBatch.from_pylist(report, schema=_FILES)
@@ -565,9 +569,11 @@ def physical_schema(directory: str, schema: pa.Schema) -> pa.Schema:
     """``schema`` under the physical names of the Delta table at ``directory``."""
     import json
 
-    from deltalake import DeltaTable
+    from pgcdc.lake.target import DeltaTarget
 
-    delta = json.loads(DeltaTable(directory).schema().to_json())
+    table = DeltaTarget(directory).table()
+    assert table is not None, directory
+    delta = json.loads(table.schema().to_json())
     physical = physical_type(pa.struct(list(schema)), delta)
     return pa.schema(list(physical))
 
@@ -646,14 +652,13 @@ def _wait_for_tasks(spark: Any, timeout: float = 60.0) -> None:
 def _remove_files(directories: Iterable[str], tag: str, keep: set[str]) -> int:
     """Remove the Parquet files of this copy (``tag``) not in ``keep``; how many."""
     removed = 0
+    suffix = f"-{tag}.snappy.parquet"
     for directory in directories:
-        path = Path(directory)
-        if not path.is_dir():
-            continue
-        for file in path.glob(f"part-*-{tag}.snappy.parquet"):
-            if file.name not in keep:
-                with contextlib.suppress(OSError):
-                    file.unlink()
+        folder = LakePath.parse(directory)
+        for name in folder.names():
+            if name.startswith("part-") and name.endswith(suffix) and name not in keep:
+                with contextlib.suppress(StorageError, OSError):
+                    (folder / name).remove()
                     removed += 1
     return removed
 
@@ -702,7 +707,9 @@ def write_snapshot(
         raise
     partitions = tuple(reader.partitions())
     tag = f"s{generation}-{uuid.uuid4().hex[:8]}"
-    task = SnapshotTask(reader, partitions, outputs, consistent_point, started_at, tag)
+    task = SnapshotTask(
+        reader, partitions, outputs, consistent_point, started_at, tag, layout.location
+    )
     directories = [o.directory for found in outputs.values() for o in found]
     committed: set[str] = set()
     try:

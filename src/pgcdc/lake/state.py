@@ -3,7 +3,8 @@
 It records which source the lake mirrors (server system identifier, database, slot,
 publication), which tables, the snapshot generation and whether its initial copy finished
 (``snapshot_done``), the slot's consistent point, and the streaming checkpoint and Delta
-application id the stream uses. Writes are atomic (a temporary file renamed over the old one).
+application id the stream uses. Writes are atomic: a temporary file renamed over the old one
+locally, one whole object on S3.
 
 ``publication_created`` says whether pgcdc created the publication (``pgcdc drop`` drops only
 such a one; state files written before this field existed read as False: keep it).
@@ -23,18 +24,18 @@ offset and commit logs (``offsets/<batch>``, ``commits/<batch>``) without Spark.
 
 from __future__ import annotations
 
-import fcntl
 import json
+import logging
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from pgcdc.errors import PgcdcError
+from pgcdc.lake.storage import LakePath, StorageError, StoreConflict
 from pgcdc.lake.tables import LakeLayout
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     "run_lock",
     "save_state",
 ]
+
+log = logging.getLogger("pgcdc.lake")
 
 #: 2: the lake's tables are written by Delta's Spark connector (deletion vectors, column
 #: mapping); 1 was delta-rs's copy-on-write tables, which this version does not write to
@@ -135,7 +138,7 @@ class PipelineState:
         """The Delta application id of the snapshot's commits (its version: the generation)."""
         return f"pgcdc-{self.pipeline_id}-snapshot"
 
-    def checkpoint(self, layout: LakeLayout) -> Path:
+    def checkpoint(self, layout: LakeLayout) -> LakePath:
         return layout.checkpoint_dir(self.generation)
 
     def evolve(self, **changes: Any) -> PipelineState:
@@ -151,85 +154,81 @@ class PipelineState:
         return None if committed is not None and committed >= failure.batch else failure
 
 
-def _batch_ids(folder: Path) -> list[int]:
-    try:
-        return [int(p.name) for p in folder.iterdir() if p.name.isdigit()]
-    except OSError:  # no such folder yet
-        return []
+def _batch_ids(folder: LakePath) -> list[int]:
+    return [int(name) for name in folder.names() if name.isdigit()]
 
 
-#: The file a running pipeline holds an exclusive flock on (``run_lock``)
+#: The object a running pipeline holds (``run_lock``): an flock'ed file locally, a lease on S3
 RUN_LOCK = "run.lock"
 
 
 @contextmanager
-def run_lock(layout: LakeLayout, *, what: str = "pgcdc run") -> Iterator[None]:
+def run_lock(
+    layout: LakeLayout,
+    *,
+    what: str = "pgcdc run",
+    on_lost: Callable[[str], None] | None = None,
+) -> Iterator[None]:
     """Hold the lake for one process: ``pgcdc run`` for its whole life, ``pgcdc drop`` while
-    it drops. Another holder gets a ``StateError`` naming its process; the kernel drops the
-    lock however the holder ends (kill -9 included), so nothing is left to clean up."""
-    layout.state_dir.mkdir(parents=True, exist_ok=True)
+    it drops. Another holder gets a ``StateError`` naming its process. Locally the kernel drops
+    the lock however the holder ends (kill -9 included); on S3 it is a lease
+    (``pgcdc.lake.storage``) that a later run on the same host takes over at once from a gone
+    process, and from any other once it ran out. ``on_lost`` is called (from another thread)
+    if another process took the lake over: the holder must stop writing."""
     path = layout.state_dir / RUN_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    holder = f"{what} (pid {os.getpid()} on {os.uname().nodename})"
+
+    def lost(other: str) -> None:
+        log.error("%s lost the lake %s to %s: stopping", what, layout.root, other)
+        if on_lost is not None:
+            on_lost(other)
+
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-        os.close(fd)
+        with layout.location.store().lease(path.key, holder, on_lost=lost):
+            yield
+    except StoreConflict as exc:
         raise StateError(
-            f"the lake {layout.root} is in use by {holder}: {what} changes nothing while "
+            f"the lake {layout.root} is in use by {exc}: {what} changes nothing while "
             "another pgcdc process runs on it. Fix: stop that process first (or wait for it "
             "to end); two pipelines need two lake paths"
         ) from None
-    except OSError as exc:  # a filesystem without flock (some network filesystems)
-        os.close(fd)
-        raise StateError(
-            f"cannot lock {path} ({exc.strerror or exc}): pgcdc holds a lake with a file lock, "
-            "so that two processes never write it at once. Fix: put the lake on a filesystem "
-            "with working flock (a local disk)"
-        ) from None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{what} (pid {os.getpid()} on {os.uname().nodename})".encode(), 0)
-        yield
-    finally:
-        os.close(fd)
+    except StorageError as exc:
+        raise StateError(str(exc)) from None
 
 
-def remove_torn_writes(checkpoint: Path) -> list[str]:
+def remove_torn_writes(checkpoint: LakePath) -> list[str]:
     """Delete the temporary files a killed process left in the checkpoint's offset and commit
     logs (Spark writes ``.<batch>.<uuid>.tmp`` and its ``.crc``, then renames it): Spark never
     reads them, but a fresh checkpoint holding any file is refused for good
     (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). Only while no query runs; the names removed."""
     removed = []
     for folder in ("offsets", "commits"):
-        try:
-            names = [p for p in (checkpoint / folder).iterdir() if p.name.startswith(".")]
-        except OSError:  # no such folder yet
-            continue
-        for path in names:
-            if path.name.endswith((".tmp", ".tmp.crc")):
-                path.unlink(missing_ok=True)
-                removed.append(f"{folder}/{path.name}")
+        for name in (checkpoint / folder).names():
+            if name.startswith(".") and name.endswith((".tmp", ".tmp.crc")):
+                (checkpoint / folder / name).remove()
+                removed.append(f"{folder}/{name}")
     return removed
 
 
-def committed_batch(checkpoint: Path) -> int | None:
+def committed_batch(checkpoint: LakePath) -> int | None:
     """The newest micro-batch Spark committed (its commit log), if any."""
     return max(_batch_ids(checkpoint / "commits"), default=None)
 
 
-def planned_batch(checkpoint: Path) -> int | None:
+def planned_batch(checkpoint: LakePath) -> int | None:
     """The newest micro-batch Spark planned (its offset log, written before the batch runs)."""
     return max(_batch_ids(checkpoint / "offsets"), default=None)
 
 
-def batch_offset(checkpoint: Path, batch: int) -> str | None:
+def batch_offset(checkpoint: LakePath, batch: int) -> str | None:
     """The ``end_lsn`` of the source's offset the offset log holds for ``batch`` (the end of
     the batch's last transaction), if readable."""
     try:
-        lines = (checkpoint / "offsets" / str(batch)).read_text(encoding="utf-8").splitlines()
-        offset = json.loads(lines[2])  # "v1", the batch's metadata, then the source's offset
-    except (OSError, IndexError, ValueError):
+        text = (checkpoint / "offsets" / str(batch)).read_text()
+        if text is None:
+            return None
+        offset = json.loads(text.splitlines()[2])  # "v1", the batch's metadata, the offset
+    except (StorageError, IndexError, ValueError):
         return None
     end = offset.get("end_lsn") if isinstance(offset, dict) else None
     return end if isinstance(end, str) else None
@@ -238,11 +237,11 @@ def batch_offset(checkpoint: Path, batch: int) -> str | None:
 def load_state(layout: LakeLayout) -> PipelineState | None:
     path = layout.state_file
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+        text = path.read_text()
+    except StorageError as exc:
+        raise StateError(f"cannot read the pipeline state: {exc}") from None
+    if text is None:
         return None
-    except OSError as exc:
-        raise StateError(f"cannot read the pipeline state {path}: {exc.strerror}") from None
     try:
         data = json.loads(text)
         if data.get("format") == 1:
@@ -269,23 +268,21 @@ def load_state(layout: LakeLayout) -> PipelineState | None:
 
 
 def save_state(layout: LakeLayout, state: PipelineState) -> None:
-    """Write ``state`` atomically. A drop recorded in the file stays recorded: ``pgcdc drop
-    --force`` may drop under a run whose state in memory predates it."""
-    layout.state_dir.mkdir(parents=True, exist_ok=True)
+    """Write ``state`` atomically (one whole file or object: a crash leaves the old state or the
+    new one). A drop recorded in the state stays recorded: ``pgcdc drop --force`` may drop under
+    a run whose state in memory predates it."""
     path = layout.state_file
     if state.dropped_at is None:
         try:
-            earlier = json.loads(path.read_text(encoding="utf-8")).get("dropped_at")
-        except (OSError, ValueError, AttributeError):
+            earlier = json.loads(path.read_text() or "{}").get("dropped_at")
+        except (StorageError, ValueError, AttributeError):
             earlier = None
         if isinstance(earlier, str):
             state = replace(state, dropped_at=earlier)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     data = asdict(state)
     data["tables"] = list(state.tables)
-    with open(tmp, "w", encoding="utf-8") as out:
-        json.dump(data, out, indent=2, sort_keys=True)
-        out.write("\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    try:
+        layout.location.store().write(path.key, text.encode("utf-8"))
+    except StorageError as exc:
+        raise StateError(f"cannot write the pipeline state: {exc}") from None

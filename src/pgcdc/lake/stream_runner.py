@@ -13,9 +13,11 @@ checkpoint; a stop request stops it between two batches; an until-caught-up run
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pgcdc.lake.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
@@ -147,7 +149,8 @@ class StreamRunner:
             options["maxBytesPerTrigger"] = stream.max_bytes_per_trigger
         # created on stop: the source then plans no more batches, so that the query stops
         # between two even when batches follow each other at once (a busy source)
-        pause = self.layout.state_dir / f"pause-{uuid.uuid4().hex}"
+        # read by the source in this process: a local file whatever the lake's store
+        pause = Path(tempfile.gettempdir()) / f"pgcdc-pause-{uuid.uuid4().hex}"
         options["pauseFile"] = str(pause)
         current = plan
         restarts = 0

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pgcdc.lake.storage import LakeLocation, LakePath
+
 __all__ = [
     "CHANGELOG_COLUMNS",
     "HISTORY_COLUMNS",
@@ -126,28 +128,39 @@ def encode_name(name: str) -> str:
     return "".join(out)
 
 
-@dataclass(frozen=True, slots=True)
 class LakeLayout:
-    """Paths inside one lake folder."""
+    """Paths inside one lake (``LakePath``: local, or on S3 with ``location``'s settings)."""
 
-    root: Path
+    __slots__ = ("location",)
+
+    def __init__(self, root: LakeLocation | Path | str) -> None:
+        self.location = root if isinstance(root, LakeLocation) else LakeLocation.parse(root)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LakeLayout) and other.location == self.location
+
+    def __hash__(self) -> int:
+        return hash(self.location)
+
+    def __repr__(self) -> str:
+        return f"LakeLayout({self.location.root!r})"
 
     @property
-    def state_dir(self) -> Path:
+    def root(self) -> LakePath:
+        return self.location.path()
+
+    @property
+    def state_dir(self) -> LakePath:
         return self.root / "_pgcdc"
 
     @property
-    def state_file(self) -> Path:
+    def state_file(self) -> LakePath:
         return self.state_dir / "state.json"
 
-    def checkpoint_dir(self, generation: int) -> Path:
+    def checkpoint_dir(self, generation: int) -> LakePath:
         return self.state_dir / f"checkpoint-{generation}"
 
-    @property
-    def snapshot_dir(self) -> Path:
-        return self.state_dir / "snapshot"
-
-    def table_path(self, schema: str, table: str, kind: TableKind = "mirror") -> Path:
+    def table_path(self, schema: str, table: str, kind: TableKind = "mirror") -> LakePath:
         base = self.root / encode_name(schema) / encode_name(table)
         if kind == "mirror":
             return base
@@ -194,7 +207,7 @@ class LakeTable:
             return (*self.row_keys, START_LSN)
         return (CL_COMMIT_LSN,)
 
-    def path(self, layout: LakeLayout, kind: TableKind = "mirror") -> Path:
+    def path(self, layout: LakeLayout, kind: TableKind = "mirror") -> LakePath:
         return layout.table_path(self.schema, self.name, kind)
 
     def kinds(self) -> tuple[TableKind, ...]:

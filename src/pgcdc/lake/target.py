@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
+
+from pgcdc.lake.storage import LakePath
 
 __all__ = ["DeltaTarget", "canonical_schema", "canonical_type", "commit_metadata"]
 
@@ -98,30 +99,20 @@ def commit_metadata(commit: dict[str, Any]) -> dict[str, Any] | None:
 #: since. Per thread, so that no DeltaTable is ever used by two threads at once.
 class _Loaded(threading.local):
     def __init__(self) -> None:
-        self.tables: dict[Path, tuple[DeltaTable, tuple[int, int, int]]] = {}
+        self.tables: dict[str, tuple[DeltaTable, str]] = {}
 
 
 _LOADED = _Loaded()
 
 
-def _identity(path: Path) -> tuple[int, int, int] | None:
-    """What tells a table from another one created at the same path later: its first commit
-    file's device, inode and modification time (None once log clean-up removed it; then the
-    table is loaded afresh every time)."""
-    try:
-        st = os.stat(path / "_delta_log" / "00000000000000000000.json")
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns)
-
-
 class DeltaTarget:
-    """One Delta table at ``path`` (which need not exist yet), read with delta-rs."""
+    """One Delta table at ``path`` (which need not exist yet), read with delta-rs: a lake path
+    (local or on S3), or a local folder."""
 
     __slots__ = ("_table", "_txn", "path")
 
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
+    def __init__(self, path: LakePath | Path | str) -> None:
+        self.path = path if isinstance(path, LakePath) else LakePath.parse(path)
         self._table: DeltaTable | None = None
         #: application transaction versions read at one table version: (version, {app id: v})
         self._txn: tuple[int, dict[str, int | None]] = (-1, {})
@@ -129,6 +120,12 @@ class DeltaTarget:
     @property
     def uri(self) -> str:
         return str(self.path)
+
+    def _identity(self) -> str | None:
+        """What tells a table from another one created at the same path later: its first
+        commit file's version tag (None once log clean-up removed it; then the table is loaded
+        afresh every time)."""
+        return (self.path / "_delta_log" / "00000000000000000000.json").tag()
 
     def table(self, *, refresh: bool = True) -> DeltaTable | None:
         """The Delta table, or None if there is none at the path yet; with ``refresh``, at its
@@ -145,23 +142,23 @@ class DeltaTarget:
         return table
 
     def _load(self) -> DeltaTable | None:
-        identity = _identity(self.path)
+        identity = self._identity()
         cache = _LOADED.tables
-        loaded = cache.get(self.path)
+        loaded = cache.get(self.uri)
         if loaded is not None and identity is not None and loaded[1] == identity:
             try:
                 loaded[0].update_incremental()
             except Exception as exc:  # the log changed under it: load it afresh
-                log.debug("%s: reloading the Delta table (%s)", self.path, type(exc).__name__)
+                log.debug("%s: reloading the Delta table (%s)", self.uri, type(exc).__name__)
             else:
                 return loaded[0]
-        cache.pop(self.path, None)
+        cache.pop(self.uri, None)
         try:
-            table = DeltaTable(self.uri)
+            table = DeltaTable(self.uri, storage_options=self.path.location.delta_rs_options())
         except TableNotFoundError:
             return None
         if identity is not None:
-            cache[self.path] = (table, identity)
+            cache[self.uri] = (table, identity)
         return table
 
     def exists(self) -> bool:
@@ -200,9 +197,8 @@ class DeltaTarget:
             return None
         log_dir = self.path / "_delta_log"
         for v in range(latest, -1, -1):
-            try:
-                text = (log_dir / f"{v:020d}.json").read_text()
-            except FileNotFoundError:
+            text = (log_dir / f"{v:020d}.json").read_text()
+            if text is None:
                 return None
             for line in text.splitlines():
                 txn = json.loads(line).get("txn") if '"txn"' in line else None
