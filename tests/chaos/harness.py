@@ -45,6 +45,7 @@ import psycopg
 
 from pgcdc.lake.config import PipelineConfig, load_config
 from pgcdc.lake.pipeline import Pipeline
+from pgcdc.lake.storage import StorageError
 from pgcdc.lake.tables import LakeLayout, LakeTable
 from pgcdc.lake.target import DeltaTarget
 from pgcdc.lake.verify import compare_tables
@@ -68,9 +69,10 @@ slot = "chaos_slot"
 publication = "chaos_pub"
 
 [lake]
-path = "lake"
+path = {lake}
 history = true
 changelog = true
+{lake_extra}
 
 [spark]
 master = "local[2]"
@@ -107,11 +109,25 @@ def chaos_kills(default: int) -> int:
 
 
 def write_config(
-    directory: Path, dsn: str, *, trigger: float = 1.0, max_changes: int = 20_000
+    directory: Path,
+    dsn: str,
+    *,
+    trigger: float = 1.0,
+    max_changes: int = 20_000,
+    lake: str = "lake",
+    lake_extra: str = "",
 ) -> Path:
+    """The chaos pipeline's ``pipeline.toml``: the lake at ``lake`` (a folder, relative to
+    ``directory``, or s3://...; ``lake_extra`` adds to ``[lake]``, e.g. its ``[lake.s3]``)."""
     path = directory / "pipeline.toml"
     path.write_text(
-        CONFIG.format(dsn=json.dumps(dsn), trigger=trigger, max_changes=max_changes),
+        CONFIG.format(
+            dsn=json.dumps(dsn),
+            trigger=trigger,
+            max_changes=max_changes,
+            lake=json.dumps(lake),
+            lake_extra=lake_extra,
+        ),
         encoding="utf-8",
     )
     return path
@@ -411,10 +427,10 @@ class ChaosReport:
     events: list[str] = field(default_factory=list)
 
 
-def _in_snapshot(lake: Path) -> bool:
+def _in_snapshot(layout: LakeLayout) -> bool:
     try:
-        state = json.loads((lake / "_pgcdc" / "state.json").read_text())
-    except (OSError, ValueError):
+        state = json.loads(layout.state_file.read_text() or "{}")
+    except (StorageError, ValueError):
         return False
     return bool(state.get("consistent_point")) and not state.get("snapshot_done")
 
@@ -434,8 +450,11 @@ def run_chaos(
     bulk_rows: int = 20_000,
     max_delay: float = 30.0,
     say: Callable[[str], None] = print,
+    lake: str = "lake",
+    lake_extra: str = "",
 ) -> ChaosReport:
-    """The whole scenario on database ``dsn`` (empty), in ``workdir``; raises on a failed check."""
+    """The whole scenario on database ``dsn`` (empty), in ``workdir``, into the lake ``lake``
+    (see ``write_config``); raises on a failed check."""
     started = time.monotonic()
     report = ChaosReport(seed)
     rng = random.Random(seed)
@@ -446,8 +465,8 @@ def run_chaos(
         conn.execute(BULK % {"rows": int(bulk_rows)})  # the snapshot takes a while
     workload = WorkloadThread(dsn, seed, schema_change_after=rng.randint(20, 80))
     workload.workload.run(25)
-    config = write_config(workdir, dsn)
-    lake = workdir / "lake"
+    config = write_config(workdir, dsn, lake=lake, lake_extra=lake_extra)
+    layout = LakeLayout(load_config(config).lake.location())
     log = workdir / "runs.log"
     workload.start()
     try:
@@ -468,7 +487,7 @@ def run_chaos(
             else:
                 delay = rng.uniform(1.0, max_delay)
             deadline = time.monotonic() + 300
-            while first and not _in_snapshot(lake) and proc.poll() is None:
+            while first and not _in_snapshot(layout) and proc.poll() is None:
                 assert time.monotonic() < deadline, "the snapshot did not start"
                 time.sleep(0.05)
             while streaming and not _stream_started(log, offset) and proc.poll() is None:
@@ -485,7 +504,7 @@ def run_chaos(
                 report.clean_exits += 1
                 report.events.append(f"run {'until' if until else 'cont'} exited 0")
                 continue
-            if _in_snapshot(lake):
+            if _in_snapshot(layout):
                 phase = "snapshot"
             elif _stream_started(log, offset):
                 phase = "stream"

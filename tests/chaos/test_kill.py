@@ -12,6 +12,7 @@ import pytest
 
 from tests.chaos.harness import chaos_kills, chaos_seed, run_chaos
 from tests.fix_pg import PgDatabase
+from tests.fix_s3 import S3ProxyServer, s3_env
 
 pytestmark = pytest.mark.slow
 
@@ -29,3 +30,28 @@ def test_kill_9_loses_and_doubles_nothing(pg: PgDatabase, tmp_path: Path) -> Non
     assert report.stream_kills >= 1, "the second kill should land in the stream"
     assert report.lake is not None and report.lake.changes > 0
     assert report.lake.generation >= 2  # the killed snapshot was copied again
+
+
+@pytest.mark.parametrize("pg_server", [VERSIONS[-1]], indirect=True, ids=lambda v: f"pg{v}")
+def test_kill_9_into_a_bucket_loses_and_doubles_nothing(
+    pg: PgDatabase,
+    tmp_path: Path,
+    s3_server: S3ProxyServer,
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same on a lake in an S3 bucket: no atomic rename there (Spark's checkpoint files
+    are copied, pgcdc's state written whole), and a killed run's lease on the lake is taken
+    over by the next run."""
+    for name, value in s3_env(s3_server).items():  # the runs' environment, and this process's
+        monkeypatch.setenv(name, value)
+    seed = chaos_seed()
+    kills = chaos_kills(3)
+    store = f'[lake.s3]\nendpoint = "{s3_server.endpoint}"\npath_style = true\n'
+    report = run_chaos(
+        pg.dsn(), tmp_path, kills=kills, seed=seed, lake=f"s3://{s3_bucket}/lake", lake_extra=store
+    )
+    assert report.kills == kills
+    assert report.stream_kills >= 1
+    assert report.lake is not None and report.lake.changes > 0
+    assert not (tmp_path / "lake").exists()

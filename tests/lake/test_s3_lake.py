@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +211,70 @@ def test_wrong_credentials_and_a_missing_bucket_create_nothing(
     assert pg.execute("SELECT count(*) FROM pg_publication") == [(0,)]
     assert pg.execute("SELECT count(*) FROM pg_replication_slots") == [(0,)]
     assert keys(s3_server, s3_bucket) == []
+
+
+@newest_server
+def test_the_store_down_and_back_mid_stream_loses_and_doubles_nothing(
+    pg: PgDatabase,
+    s3_server: S3ProxyServer,
+    s3_bucket: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """S3Proxy killed (kill -9) under a running ``pgcdc run`` and started again 20 s later:
+    the run rides it out (S3A's and boto3's retries), the changes made meanwhile arrive, none
+    twice."""
+    for name, value in s3_env(s3_server).items():
+        monkeypatch.setenv(name, value)
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
+    pg.execute("INSERT INTO items SELECT g, g, 'n' || g FROM generate_series(1, 200) g")
+    pg.execute("CREATE TABLE notes (k text PRIMARY KEY, body text)")
+    config = write_config(tmp_path, pg, s3_server, s3_bucket)
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "pgcdc", "--log-level", "INFO", "run", "--config", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "1000"},
+            start_new_session=True,
+        )
+    stop = threading.Event()
+
+    def workload() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            pg.execute("UPDATE items SET qty = qty + 1 WHERE id = %s", (n % 200 + 1,))
+            pg.execute("INSERT INTO items VALUES (%s, 0, 'w')", (1000 + n,))
+            time.sleep(0.05)
+
+    writer = threading.Thread(target=workload, daemon=True)
+    try:
+        deadline = time.monotonic() + 300
+        while b"stream started" not in log.read_bytes():
+            assert run.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the stream did not start"
+            time.sleep(0.5)
+        writer.start()
+        time.sleep(5)
+        s3_server.kill()
+        try:
+            time.sleep(20)
+        finally:
+            s3_server.start()
+        time.sleep(15)  # batches after the outage
+        stop.set()
+        writer.join(30)
+        assert run.poll() is None, f"the run ended in the outage:\n{log.read_text()[-4000:]}"
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(300) == 0, log.read_text()[-4000:]
+    finally:
+        stop.set()
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    done = pgcdc(s3_server, "run", "--config", str(config), "--until-caught-up", "--verify")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "public.items: equal" in done.stderr
+    assert lake_rows(config, "items") == source_rows(pg, "items")

@@ -171,6 +171,9 @@ class LakeBatchWriter:
     fail_after: int | None = None
     #: compaction, purges and vacuum of the Delta tables a batch wrote, after its commits
     maintenance: Maintenance | None = None
+    #: raises when this process may no longer write the lake (``Lease.check``): called
+    #: before each Delta commit
+    fence: Callable[[], None] | None = field(default=None, repr=False)
 
     def _paths(self, table: LakeTable) -> dict[TableKind, str]:
         layout = LakeLayout(LakePath.parse(self.lake).location)
@@ -374,6 +377,8 @@ class LakeBatchWriter:
             )
 
         def write_once(session: Any, kind: TableKind) -> Any:
+            if self.fence is not None:
+                self.fence()
             clock = time.monotonic()
             newest = SINKS[kind].write(session, wanted[kind], batch)
             log.debug(

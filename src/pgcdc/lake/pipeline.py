@@ -68,6 +68,7 @@ from pgcdc.lake.monitor import Observer, RunObserver, SlotMonitor
 from pgcdc.lake.schema_evolution import evolve
 from pgcdc.lake.shape import recorded_shape, shape_problem
 from pgcdc.lake.state import PipelineState, load_state, run_lock, save_state
+from pgcdc.lake.storage import Lease
 from pgcdc.lake.stream_runner import StreamRunner
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout
 from pgcdc.metrics import PipelineMetrics
@@ -170,6 +171,8 @@ class Pipeline:
         self.state: PipelineState | None = None
         self.plan: SourcePlan | None = None
         self.restarts = 0  # queries restarted for schema changes
+        #: the lake held by this run (checked before each write; a no-op outside a run)
+        self.lease = Lease()
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -318,8 +321,18 @@ class Pipeline:
         self.check()
         start_point(self.config, self.state, self.dsn)
         self.spark()
-        with run_lock(self.layout):
-            return self._run(until_caught_up=until_caught_up, on_started=on_started)
+        with run_lock(self.layout, on_lost=self._lost) as lease:
+            self.lease = lease
+            try:
+                return self._run(until_caught_up=until_caught_up, on_started=on_started)
+            finally:
+                self.lease = Lease()
+
+    def _lost(self, holder: str) -> None:
+        self.set_fatal(
+            f"another process ({holder}) took the lake {self.layout.root} over: this run "
+            "stopped writing. Fix: run one pgcdc per lake; if that process is stale, stop it"
+        )
 
     def _run(
         self, *, until_caught_up: bool, on_started: Callable[[Pipeline], None] | None

@@ -24,6 +24,7 @@ offset and commit logs (``offsets/<batch>``, ``commits/<batch>``) without Spark.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgcdc.errors import PgcdcError
-from pgcdc.lake.storage import LakePath, StorageError, StoreConflict
+from pgcdc.lake.storage import LakePath, Lease, StorageError, StoreConflict
 from pgcdc.lake.tables import LakeLayout
 
 __all__ = [
@@ -168,7 +169,7 @@ def run_lock(
     *,
     what: str = "pgcdc run",
     on_lost: Callable[[str], None] | None = None,
-) -> Iterator[None]:
+) -> Iterator[Lease]:
     """Hold the lake for one process: ``pgcdc run`` for its whole life, ``pgcdc drop`` while
     it drops. Another holder gets a ``StateError`` naming its process. Locally the kernel drops
     the lock however the holder ends (kill -9 included); on S3 it is a lease
@@ -183,17 +184,20 @@ def run_lock(
         if on_lost is not None:
             on_lost(other)
 
-    try:
-        with layout.location.store().lease(path.key, holder, on_lost=lost):
-            yield
-    except StoreConflict as exc:
-        raise StateError(
-            f"the lake {layout.root} is in use by {exc}: {what} changes nothing while "
-            "another pgcdc process runs on it. Fix: stop that process first (or wait for it "
-            "to end); two pipelines need two lake paths"
-        ) from None
-    except StorageError as exc:
-        raise StateError(str(exc)) from None
+    with contextlib.ExitStack() as stack:
+        try:
+            lease = stack.enter_context(
+                layout.location.store().lease(path.key, holder, on_lost=lost)
+            )
+        except StoreConflict as exc:
+            raise StateError(
+                f"the lake {layout.root} is in use by {exc}: {what} changes nothing while "
+                "another pgcdc process runs on it. Fix: stop that process first (or wait for "
+                "it to end); two pipelines need two lake paths"
+            ) from None
+        except StorageError as exc:
+            raise StateError(str(exc)) from None
+        yield lease
 
 
 def remove_torn_writes(checkpoint: LakePath) -> list[str]:

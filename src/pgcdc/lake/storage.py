@@ -43,6 +43,7 @@ __all__ = [
     "LakeLocation",
     "LakePath",
     "LakeStore",
+    "Lease",
     "LeaseLost",
     "S3Settings",
     "StorageError",
@@ -225,7 +226,9 @@ class LakeStore(Protocol):
 
     def remove_tree(self, key: str) -> int: ...
 
-    def lease(self, key: str, holder: str, *, on_lost: Callable[[str], None]) -> Any: ...
+    def lease(
+        self, key: str, holder: str, *, on_lost: Callable[[str], None]
+    ) -> contextlib.AbstractContextManager[Lease]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +372,7 @@ class LocalStore:
         return count
 
     @contextlib.contextmanager
-    def lease(self, key: str, holder: str, *, on_lost: Callable[[str], None]) -> Iterator[None]:
+    def lease(self, key: str, holder: str, *, on_lost: Callable[[str], None]) -> Iterator[Lease]:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -389,16 +392,18 @@ class LocalStore:
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, holder.encode(), 0)
-            yield
+            yield Lease()
         finally:
             os.close(fd)
 
 
 # -- S3 ------------------------------------------------------------------------------------
 
-#: How long a lease on an S3 lake lasts unless renewed, and how often its holder renews it
+#: How long a lease on an S3 lake lasts unless renewed, how often its holder renews it, and
+#: how long before its end the holder stops writing (clocks of two hosts differ a little)
 LEASE_SECONDS = 60.0
-RENEW_SECONDS = 15.0
+RENEW_SECONDS = 10.0
+LEASE_MARGIN = 15.0
 
 
 def _process_start(pid: int) -> str | None:
@@ -411,12 +416,34 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
+class Lease:
+    """A held lake, as its holder checks it before each write (``check``). Locally an flock,
+    which nobody takes over: always valid."""
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` if this process may no longer write the lake."""
+
+
 @dataclass
-class _Lease:
+class _Lease(Lease):
+    """A lease on an S3 lake: valid while renewed, until ``until`` (this host's clock) less a
+    margin, and not taken over."""
+
     key: str
     body: dict[str, Any]
     tag: str
     stop: threading.Event = field(default_factory=threading.Event)
+    lost: str | None = None
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise LeaseLost(f"the lake was taken over by {self.lost}: this process stopped writing")
+        left = float(self.body["until"]) - time.time()
+        if left < LEASE_MARGIN:
+            raise LeaseLost(
+                f"the lake's lease was not renewed for {LEASE_SECONDS - left:.0f} s (the store "
+                "did not answer): writing now could race a process that took it over"
+            )
 
 
 class S3Store:
@@ -432,18 +459,18 @@ class S3Store:
         self.location = location
         self.bucket = location.bucket
         self.prefix = location.prefix
-        self.client: Any = boto3.client(
+        client = boto3.client(
             "s3",
             endpoint_url=s3.endpoint,
             region_name=s3.region,
             config=Config(
                 s3={"addressing_style": "path" if s3.path_style else "auto"},
-                # a store restarting: about two minutes of backoff before a request fails
-                retries={"mode": "standard", "max_attempts": 10},
+                retries={"mode": "standard", "max_attempts": 3},
                 connect_timeout=5,
                 read_timeout=30,
             ),
         )
+        self.client: Any = _Patient(client, location)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}".strip("/") if self.prefix else key
@@ -491,10 +518,15 @@ class S3Store:
         args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
         if delimiter:
             args["Delimiter"] = "/"
-        try:
-            yield from self.client.get_paginator("list_objects_v2").paginate(**args)
-        except Exception as exc:
-            raise self._fail(exc, f"list {self.location.uri(key)}") from None
+        while True:
+            try:
+                page = self.client.list_objects_v2(**args)
+            except Exception as exc:
+                raise self._fail(exc, f"list {self.location.uri(key)}") from None
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            args["ContinuationToken"] = page["NextContinuationToken"]
 
     def names(self, key: str) -> list[str]:
         found: list[str] = []
@@ -538,7 +570,7 @@ class S3Store:
         return count
 
     @contextlib.contextmanager
-    def lease(self, key: str, holder: str, *, on_lost: Callable[[str], None]) -> Iterator[None]:
+    def lease(self, key: str, holder: str, *, on_lost: Callable[[str], None]) -> Iterator[Lease]:
         """Hold the lake for this process: a lock object created with ``If-None-Match: *``
         and renewed every ``RENEW_SECONDS`` with ``If-Match`` its own last ETag. One held by
         a process gone from this host, or not renewed for ``LEASE_SECONDS``, is taken over
@@ -550,7 +582,7 @@ class S3Store:
         )
         thread.start()
         try:
-            yield
+            yield lease
         finally:
             lease.stop.set()
             thread.join(timeout=30)
@@ -584,6 +616,8 @@ class S3Store:
                 other = json.loads(found.data)
             except ValueError:
                 other = {}
+            if other.get("owner") == body["owner"]:  # a retried PUT whose first try landed
+                return _Lease(key, body, found.tag)
             if not _expired(other):
                 until = datetime.fromtimestamp(float(other.get("until", 0)), UTC)
                 raise StoreConflict(
@@ -605,15 +639,71 @@ class S3Store:
             try:
                 lease.tag = self.write(lease.key, json.dumps(lease.body).encode(), expect=lease.tag)
             except StoreConflict:
-                found = self.read(lease.key)
                 holder = "another process"
-                if found is not None:
-                    with contextlib.suppress(ValueError, AttributeError):
-                        holder = json.loads(found.data).get("holder", holder)
+                with contextlib.suppress(StorageError, ValueError, AttributeError):
+                    found = self.read(lease.key)
+                    if found is not None:
+                        other = json.loads(found.data)
+                        if other.get("owner") == lease.body["owner"]:
+                            lease.tag = found.tag  # a retried PUT whose first try landed
+                            lease.body["until"] = other["until"]
+                            continue
+                        holder = other.get("holder", holder)
+                lease.lost = holder
                 on_lost(holder)
                 return
             except StorageError as exc:  # the store unreachable: try again, the lease runs on
                 log.warning("could not renew the lake's lease: %s", exc)
+
+
+#: How long pgcdc waits for a store that does not answer (or answers 5xx) before a request
+#: fails: about as long as S3A's own retries in Spark's writes last
+STORE_PATIENCE = 180.0
+
+_UNREACHABLE = (
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ConnectionError",
+)
+_BUSY = ("500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown")
+
+
+def _transient(exc: Exception) -> bool:
+    return type(exc).__name__ in _UNREACHABLE or _code(exc) in _BUSY
+
+
+class _Patient:
+    """A boto3 client whose requests wait out a store that is down or overloaded for up to
+    ``STORE_PATIENCE`` seconds (botocore's own retries give up after a few seconds)."""
+
+    def __init__(self, client: Any, location: LakeLocation) -> None:
+        self._client = client
+        self._location = location
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._client, name)
+
+        def call(**kwargs: Any) -> Any:
+            deadline = time.monotonic() + STORE_PATIENCE
+            delay = 0.5
+            while True:
+                try:
+                    return method(**kwargs)
+                except Exception as exc:
+                    if not _transient(exc) or time.monotonic() + delay > deadline:
+                        raise
+                    log.warning(
+                        "the lake's store %s: %s; trying again in %.1f s",
+                        self._location.root,
+                        type(exc).__name__,
+                        delay,
+                    )
+                    time.sleep(delay)
+                    delay = min(delay * 2, 10.0)
+
+        return call
 
 
 def _expired(body: dict[str, Any]) -> bool:

@@ -140,6 +140,7 @@ class StreamRunner:
             dsn=pipeline.dsn,
             fail_after=pipeline.fail_after,
             maintenance=self.config.lake.maintenance(),
+            fence=pipeline.lease.check,
         )
         pipeline.drop_gone_columns()
         options: dict[str, Any] = {}
