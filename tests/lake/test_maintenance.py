@@ -217,7 +217,7 @@ def test_a_pipeline_compacts_what_its_batches_add(
         operations = _operations(str(target.path))
         assert ("OPTIMIZE", COMPACT_METADATA) in operations, kind
         assert len(target.files()) < 3 + 3, kind  # compacted as the batches went
-        assert _parquet_on_disk(target.path) == len(target.files()), kind  # vacuumed
+        assert _parquet_on_disk(target.path.local()) == len(target.files()), kind  # vacuumed
     changelog = DeltaTarget(table.path(pipeline.layout, "changelog")).read()
     assert changelog.num_rows == 80
 

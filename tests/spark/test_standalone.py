@@ -17,6 +17,7 @@ import pytest
 from pgcdc.cli.throwaway_server import free_port
 from pgcdc.replication import create_publication, create_slot_with_snapshot
 from tests.fix_pg import PgDatabase, newest_server
+from tests.fix_s3 import S3ProxyServer, s3_env
 from tests.spark.streams import wait_slot_released
 
 pytestmark = pytest.mark.slow
@@ -45,10 +46,15 @@ def standalone_work(master: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def standalone(spark_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``spark://127.0.0.1:<port>``: a master and one worker (2 cores) on loopback."""
+def standalone(
+    spark_home: Path, tmp_path_factory: pytest.TempPathFactory, s3_server: S3ProxyServer
+) -> Iterator[str]:
+    """``spark://127.0.0.1:<port>``: a master and one worker (2 cores) on loopback. The worker's
+    environment holds the keys of the tests' S3 server, as a cluster's machines hold theirs
+    (or an instance role): its executors write S3 lakes."""
     work = tmp_path_factory.mktemp("standalone")
     env = dict(os.environ)
+    env.update(s3_env(s3_server))
     env.update(
         SPARK_LOCAL_IP="127.0.0.1",
         PYSPARK_PYTHON=sys.executable,
@@ -148,9 +154,10 @@ slot = "cluster_lake_slot"
 publication = "cluster_lake_pub"
 
 [lake]
-path = "lake"
+path = {lake}
 history = true
 changelog = true
+{lake_extra}
 
 [spark]
 master = "{master}"
@@ -172,16 +179,31 @@ name = "public.lt"
 
 
 @newest_server
+@pytest.mark.parametrize("store", ["local", "s3"])
 def test_pipeline_writes_the_lake_from_the_cluster_executors(
-    pg: PgDatabase, standalone: str, tmp_path: Path
+    pg: PgDatabase,
+    standalone: str,
+    tmp_path: Path,
+    store: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     """``pgcdc run`` against the standalone cluster: the initial copy and every MERGE and append
     run in the worker's executors (the driver of a standalone cluster runs no task), which get
-    Delta's connector through ``spark.jars`` from the driver."""
+    Delta's connector (and S3A's, for a lake in a bucket: no folder is shared) through
+    ``spark.jars`` from the driver."""
     pg.execute("CREATE TABLE lt (id int PRIMARY KEY, v text)")
     pg.execute("INSERT INTO lt SELECT g, 'v' || g FROM generate_series(1, 2000) g")
     config = tmp_path / "pipeline.toml"
-    config.write_text(LAKE_CONFIG.format(dsn=json.dumps(pg.dsn()), master=standalone))
+    lake, extra, env = json.dumps("lake"), "", dict(os.environ)
+    if store == "s3":
+        s3_server: S3ProxyServer = request.getfixturevalue("s3_server")
+        s3_bucket: str = request.getfixturevalue("s3_bucket")
+        lake = json.dumps(f"s3://{s3_bucket}/lake")
+        extra = f'[lake.s3]\nendpoint = "{s3_server.endpoint}"\npath_style = true\n'
+        env.update(s3_env(s3_server))
+    config.write_text(
+        LAKE_CONFIG.format(dsn=json.dumps(pg.dsn()), master=standalone, lake=lake, lake_extra=extra)
+    )
     argv = [sys.executable, "-m", "pgcdc", "run", "--config", str(config)]
 
     def run() -> str:
@@ -192,6 +214,7 @@ def test_pipeline_writes_the_lake_from_the_cluster_executors(
             text=True,
             timeout=600,
             check=False,
+            env=env,
         )
         assert done.returncode == 0, done.stderr[-5000:]
         return done.stderr
@@ -208,3 +231,6 @@ def test_pipeline_writes_the_lake_from_the_cluster_executors(
     )
     assert "delta-spark_4.2_2.13" in logs
     assert "Finished task" in logs
+    if store == "s3":
+        assert "hadoop-aws-" in logs
+        assert not (tmp_path / "lake").exists()

@@ -30,9 +30,12 @@ Goal: pgcdc's time within 1.2x of the native subscriber's. Written to
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from psycopg import sql
@@ -71,7 +74,26 @@ def mirror_rows(lake_table: str) -> int:
     return DeltaTarget(lake_table).count()
 
 
-def measure(scale: float) -> dict[str, Any]:
+@contextlib.contextmanager
+def s3_lake(workdir: Path) -> Iterator[tuple[str, str]]:
+    """An S3Proxy server on loopback (the tests' S3 server) with a bucket: the lake's URI and
+    its ``[lake.s3]``; its keys in this process's environment, which the runs inherit."""
+    from tests.fix_s3 import S3ProxyServer, s3_client, s3_env
+
+    server = S3ProxyServer(workdir / "s3proxy")
+    server.start()
+    try:
+        os.environ.update(s3_env(server))
+        s3_client(server).create_bucket(Bucket="pgcdc-bench")
+        yield (
+            "s3://pgcdc-bench/lake",
+            (f'[lake.s3]\nendpoint = "{server.endpoint}"\npath_style = true\n'),
+        )
+    finally:
+        server.stop()
+
+
+def measure(scale: float, *, s3: bool = False) -> dict[str, Any]:
     work = CatchUpWorkload.at_scale(scale)
     with (
         bench_cluster() as source,
@@ -79,13 +101,20 @@ def measure(scale: float) -> dict[str, Any]:
         scratch_dir(NAME) as workdir,
         connect(source) as src,
         connect(target) as dst,
+        contextlib.ExitStack() as stack,
     ):
         for conn in (src, dst):
             create_table(conn, TABLE)
             conn.execute(q("CREATE TABLE {marker} (id int PRIMARY KEY, at timestamptz)"))
         src.execute(q("CREATE PUBLICATION native_pub FOR TABLE {table}, {marker}"))
+        lake_uri, lake_extra = stack.enter_context(s3_lake(workdir)) if s3 else (None, "")
         pipeline = PgcdcRun(
-            workdir, source.dsn(), [f"public.{TABLE}", f"public.{MARKER}"], master="local[2]"
+            workdir,
+            source.dsn(),
+            [f"public.{TABLE}", f"public.{MARKER}"],
+            master="local[2]",
+            lake_uri=lake_uri,
+            lake_extra=lake_extra,
         )
         _say("pgcdc: first start (empty tables: a trivial snapshot, creates the slot)")
         first = pipeline.run().check("first start")
@@ -151,7 +180,7 @@ def measure(scale: float) -> dict[str, Any]:
 
         _say("pgcdc run --until-caught-up")
         run = pipeline.run().check("catch-up")
-        rows = mirror_rows(str(pipeline.lake / "public" / TABLE))
+        rows = mirror_rows(pipeline.table_uri(TABLE))
         source_rows = scalar(src, q("SELECT count(*) FROM {table}"))
         dst.execute("ALTER SUBSCRIPTION native SET (slot_name = NONE)")
         dst.execute("DROP SUBSCRIPTION native")
@@ -200,6 +229,7 @@ def measure(scale: float) -> dict[str, Any]:
         "ratio_pgcdc_to_pg_recvlogical": run.seconds / recv_seconds,
         "goals": {"ratio_at_most": GOAL_RATIO, "ratio_met": ratio <= GOAL_RATIO},
         "pgcdc_mode": "subprocess: python -m pgcdc run --until-caught-up (own JVM, local[2])",
+        "lake": "S3Proxy on loopback (s3a://, filesystem backend)" if s3 else "local folder",
     }
     return result
 
@@ -207,10 +237,17 @@ def measure(scale: float) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench.catchup", description=__doc__)
     add_common_arguments(parser)
+    parser.add_argument(
+        "--s3",
+        action="store_true",
+        help="the lake in a bucket of an S3-compatible server on loopback (S3Proxy)",
+    )
     args = parser.parse_args(argv)
-    result = measure(args.scale)
+    result = measure(args.scale, s3=args.s3)
     # a larger run (where start-up counts less) is a variant beside the scale-1 result
     name = f"{NAME}-x{args.scale:g}" if args.scale > 1 else NAME
+    if args.s3:
+        name += "-s3"
     path = write_result(name, args.scale, result)
     s = result["seconds"]
     print(f"\ncatch-up of {result['workload']['changes']:,} changes (scale {args.scale:g})")

@@ -388,7 +388,7 @@ publication = "{publication}"
 
 [lake]
 path = "{lake}"
-
+{lake_extra}
 [spark]
 master = "{master}"
 
@@ -486,10 +486,22 @@ class PgcdcRun:
     master: str = "local[2]"
     stream: Mapping[str, Any] = field(default_factory=dict)
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    #: the lake somewhere else than ``workdir/lake`` (an s3:// URI), and more of ``[lake]``
+    lake_uri: str | None = None
+    lake_extra: str = ""
 
     @property
     def lake(self) -> Path:
         return self.workdir / "lake"
+
+    def table_uri(self, table: str, schema: str = "public") -> str:
+        """Where the mirror of ``schema.table`` is (its lake's settings registered, so that
+        ``DeltaTarget`` reads it)."""
+        from pgcdc.lake.config import load_config
+        from pgcdc.lake.tables import LakeLayout
+
+        layout = LakeLayout(load_config(self.write_config()).lake.location())
+        return str(layout.table_path(schema, table))
 
     @property
     def config_path(self) -> Path:
@@ -502,7 +514,8 @@ class PgcdcRun:
             dsn=self.dsn,
             slot=self.slot,
             publication=self.publication,
-            lake=self.lake,
+            lake=self.lake_uri or self.lake,
+            lake_extra=self.lake_extra,
             master=self.master,
             stream=stream,
             tables=tables,
