@@ -20,6 +20,7 @@ settings.load_profile(os.environ.get("PGCDC_HYPOTHESIS", "ci"))
 LONGEST = (
     "chaos/test_network.py",
     "lake/test_matrix.py",
+    "lake/test_s3_lake.py",
     "spark/test_standalone.py",
     "cli/test_run_and_demo.py",
     "lake/test_multiset.py",

@@ -39,6 +39,10 @@ LIMITS = {
         "the same per batch: ten times the changes in ten times the batches, so start-up "
         "counts less and the ratio is that of the batches themselves"
     ),
+    "catchup-s3": (
+        "the same batches; each Delta operation's reads and writes of its log and files go "
+        "through S3A to an S3 server on the same 2 cores (S3Proxy, a JVM of its own)"
+    ),
     "snapshot": (
         "the copy runs at COPY's speed (two binary COPY server processes, then per row in "
         "each task's Python: psycopg2's C copy loop, vectorised decoding, Parquet); the fixed "
@@ -84,7 +88,7 @@ def _load(directory: Path) -> dict[str, dict[str, Any]]:
         if path.exists():
             out[name] = json.loads(path.read_text())
     # the memory benchmark with another driver heap (``--driver-memory``), after the default
-    for pattern in ("catchup-x*.json", "memory-driver-*.json"):
+    for pattern in ("catchup-*.json", "memory-driver-*.json"):
         for path in sorted(directory.glob(pattern)):
             out[path.stem] = json.loads(path.read_text())
     return out
@@ -93,7 +97,7 @@ def _load(directory: Path) -> dict[str, dict[str, Any]]:
 def _kind(name: str) -> str:
     """The benchmark a result belongs to (``memory-driver-512m`` is a ``memory`` result,
     ``catchup-x10`` a ``catchup`` one)."""
-    variant = name.startswith(("memory-driver-", "catchup-x"))
+    variant = name.startswith(("memory-driver-", "catchup-"))
     return name.split("-", maxsplit=1)[0] if variant else name
 
 
@@ -152,7 +156,10 @@ def _row_catchup(d: dict[str, Any]) -> list[list[str]]:
         f"Catch-up: {w['inserts']:,} inserts + {w['updates']:,} updates + "
         f"{w['deletes']:,} deletes into the Delta mirror"
     )
-    return [
+    on_s3 = str(d.get("lake", "")).startswith("S3Proxy")
+    if on_s3:
+        label += " in an S3 bucket (S3Proxy on loopback)"
+    rows = [
         [
             label,
             f"{s['pgcdc']:.1f} s ({s['pgcdc_without_fixed_cost']:.1f} s without the "
@@ -176,6 +183,7 @@ def _row_catchup(d: dict[str, Any]) -> list[list[str]]:
             "so it measures the client as much as the walsender; see above for pgcdc",
         ],
     ]
+    return rows[:1] if on_s3 else rows
 
 
 def _row_snapshot(d: dict[str, Any]) -> list[list[str]]:
