@@ -278,3 +278,19 @@ def test_the_store_down_and_back_mid_stream_loses_and_doubles_nothing(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "public.items: equal" in done.stderr
     assert lake_rows(config, "items") == source_rows(pg, "items")
+
+
+def test_the_demo_into_a_bucket(s3_server: S3ProxyServer, s3_bucket: str, tmp_path: Path) -> None:
+    """``pgcdc demo`` with its lake in a bucket: the README's first command on S3."""
+    lake = f"s3://{s3_bucket}/demo"
+    argv = ["demo", "--seconds", "6", "--lake", lake]
+    argv += ["--s3-endpoint", s3_server.endpoint, "--s3-path-style"]
+    done = pgcdc(s3_server, *argv)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "mirror equals source" in done.stderr and "DIFFERENT" not in done.stderr
+    stored = keys(s3_server, s3_bucket)
+    assert "demo/shop/orders.history/_delta_log/00000000000000000000.json" in stored
+    # a second demo replaces the first demo's lake, and refuses a prefix holding anything else
+    s3_client(s3_server).put_object(Bucket=s3_bucket, Key="other/file", Body=b"x")
+    refused = pgcdc(s3_server, *[a.replace("/demo", "/other") for a in argv])
+    assert refused.returncode != 0 and "is not a pgcdc demo lake" in refused.stderr

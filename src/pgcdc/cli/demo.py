@@ -7,6 +7,9 @@ When the workload ends, the pipeline catches up and the demo shows that every mi
 source table (row counts and a checksum per table). ``shop.orders`` also gets a history (SCD
 type 2) table and ``shop.order_items`` a changelog, to look at afterwards with Spark, DuckDB,
 Polars or ``deltalake``. The server is removed at the end; the lake folder stays.
+
+``--lake s3://bucket/prefix`` (with ``--s3-endpoint`` and ``--s3-path-style`` for a store other
+than AWS S3, and the keys in the environment) writes the demo's lake into an S3 bucket instead.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -72,9 +74,16 @@ def register(sub: Any) -> tuple[str, Callable[[argparse.Namespace], int]]:
     p.add_argument("--pg", type=int, default=None, help="PostgreSQL major version (15 or 18)")
     p.add_argument(
         "--lake",
-        type=Path,
-        default=Path("pgcdc-demo-lake"),
-        help="lake folder (default ./pgcdc-demo-lake; a previous demo lake there is replaced)",
+        default="pgcdc-demo-lake",
+        help=(
+            "lake folder (default ./pgcdc-demo-lake; a previous demo lake there is replaced), "
+            "or s3://bucket/prefix"
+        ),
+    )
+    p.add_argument("--s3-endpoint", default=None, help="an s3:// lake's store (default AWS S3)")
+    p.add_argument("--s3-region", default="us-east-1", help="an s3:// lake's bucket region")
+    p.add_argument(
+        "--s3-path-style", action="store_true", help="bucket in the URL's path (most stores)"
     )
     p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between micro-batches")
@@ -166,13 +175,25 @@ def _workload(dsn: str, seconds: float, rate: float, seed: int, counts: _Counts)
             time.sleep(1.0 / rate)
 
 
-def _config(dsn: str, lake: Path, master: str, interval: float) -> PipelineConfig:
+def _lake_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``[lake]`` of the demo's pipeline: ``--lake`` (a local one made absolute)."""
+    from pgcdc.lake.storage import is_s3_uri
+
+    if not is_s3_uri(args.lake):
+        return {"path": str(Path(args.lake).resolve())}
+    s3: dict[str, Any] = {"region": args.s3_region, "path_style": args.s3_path_style}
+    if args.s3_endpoint:
+        s3["endpoint"] = args.s3_endpoint
+    return {"path": args.lake, "s3": s3}
+
+
+def _config(dsn: str, lake: dict[str, Any], master: str, interval: float) -> PipelineConfig:
     from pgcdc.lake.config import parse_config
 
     return parse_config(
         {
             "source": {"dsn": dsn, "slot": "pgcdc_demo", "publication": "pgcdc_demo"},
-            "lake": {"path": str(lake)},
+            "lake": lake,
             "spark": {
                 "master": master,
                 "app_name": "pgcdc-demo",
@@ -188,17 +209,20 @@ def _config(dsn: str, lake: Path, master: str, interval: float) -> PipelineConfi
     )
 
 
-def _prepare_lake(lake: Path) -> Path:
+def _prepare_lake(config: PipelineConfig) -> str:
+    """Remove a previous demo lake at the configured place (refusing anything else there); the
+    lake's place, as the demo names it."""
     from pgcdc.lake.tables import LakeLayout
 
-    lake = lake.resolve()
-    if lake.exists():
-        if not (LakeLayout(lake).state_file.tag() is not None or not any(lake.iterdir())):
+    layout = LakeLayout(config.lake.location())
+    root = layout.root
+    if root.names():
+        if layout.state_file.tag() is None:
             raise SystemExit(
-                f"{lake} exists and is not a pgcdc demo lake: choose another --lake folder"
+                f"{root} holds files and is not a pgcdc demo lake: choose another --lake"
             )
-        shutil.rmtree(lake)
-    return lake
+        root.remove_tree()
+    return str(root)
 
 
 def _status(pipeline: Pipeline, counts: _Counts, started: float, phase: str) -> Table:
@@ -249,7 +273,8 @@ def run(args: argparse.Namespace) -> int:
         console.print("[red]no PostgreSQL server binaries found: run `make setup`[/red]")
         return 1
     major = args.pg or max(versions)
-    lake = _prepare_lake(args.lake)
+    lake_settings = _lake_settings(args)
+    lake = _prepare_lake(_config("dbname=demo", lake_settings, args.master, args.interval))
     if args.master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # no "resolves to loopback" noise
     console.rule(
@@ -260,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SCHEMA)
             _seed_data(conn, random.Random(args.seed))
-        config = _config(dsn, lake, args.master, args.interval)
+        config = _config(dsn, lake_settings, args.master, args.interval)
         pipeline = Pipeline(config)
         console.print(f"starting Spark ({args.master}) and copying the shop tables into {lake}")
         counts = _Counts()
