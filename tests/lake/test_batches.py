@@ -11,6 +11,7 @@ through Delta's Spark connector.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -352,3 +353,24 @@ def test_tables_of_a_batch_written_in_parallel_each_record_the_batch(
         changelog = DeltaTarget(table.path(layout, "changelog")).read()
         assert len(changelog) == sum(len(b) for b in BATCHES[:3]), table.table_id
     assert make().apply(frames[2], 2).skipped
+
+
+def test_a_writer_that_lost_the_lake_commits_nothing(spark: Any, tmp_path: Path) -> None:
+    """The fence (the run's lease on the lake, ``Lease.check``) is checked before each Delta
+    commit: a run whose S3 lake another process took over writes nothing more."""
+    from pgcdc.lake.storage import LeaseLost
+
+    lake = tmp_path / "lake"
+    frames = [spark.createDataFrame(rows, schema()) for rows in BATCHES[:2]]
+    writer(lake)(frames[0], 0)
+    before = versions(lake)
+
+    def lost() -> None:
+        raise LeaseLost("the lake was taken over by another run")
+
+    fenced = dataclasses.replace(writer(lake), fence=lost)
+    with pytest.raises(LeaseLost, match="taken over"):
+        fenced(frames[1], 1)
+    assert versions(lake) == before
+    writer(lake)(frames[1], 1)  # the process that holds the lake writes the batch
+    assert mirror(lake) == MIRRORS[1]

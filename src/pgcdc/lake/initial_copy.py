@@ -178,6 +178,7 @@ class InitialCopy:
                     app_id=state.snapshot_app_id,
                     generation=state.generation,
                     on_progress=self.observer.snapshot_progress,
+                    fence=self.pipeline.lease.check,
                 )
             except Exception as exc:
                 raise PipelineError(

@@ -693,11 +693,13 @@ def write_snapshot(
     app_id: str,
     generation: int,
     on_progress: Callable[[str | None, int], None] | None = None,
+    fence: Callable[[], None] | None = None,
 ) -> SnapshotResult:
     """Copy every table of ``reader`` (``pgcdc.spark.snapshot_reader``) into the lake.
 
     ``on_progress`` (progress displays) is called with ``(None, rows read)`` once the copy is
-    read, then with ``(table id, mirror rows)`` as each table is committed."""
+    read, then with ``(table id, mirror rows)`` as each table is committed. ``fence`` raises
+    when this process may no longer write the lake: called before each commit."""
     result = SnapshotResult()
     started = time.monotonic()
     try:
@@ -724,6 +726,8 @@ def write_snapshot(
         for table, found in zip(tables, outputs.values(), strict=True):  # in tables' order
             for output in found:
                 written = by_output.get((output.table_id, output.kind), [])
+                if fence is not None:
+                    fence()
                 # kept from here on even if the commit raises: it may have landed first
                 committed.update(r["path"] for r in written)
                 count = sum(int(r["rows"]) for r in written)
