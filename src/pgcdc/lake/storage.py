@@ -152,6 +152,13 @@ class LakeLocation:
         if s3 is None:
             return {}
         settings = {
+            # the AWS SDK's own chain (environment, profile, web identity, container and
+            # instance roles), as boto3 and pyarrow use: S3A's default chain has no profiles
+            "spark.hadoop.fs.s3a.aws.credentials.provider": (
+                "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider,"
+                "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider,"
+                "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
+            ),
             "spark.hadoop.fs.s3a.endpoint.region": s3.region,
             "spark.hadoop.fs.s3a.path.style.access": str(s3.path_style).lower(),
             "spark.hadoop.fs.s3a.connection.ssl.enabled": str(s3.uses_tls).lower(),
