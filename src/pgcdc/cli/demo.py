@@ -214,7 +214,10 @@ def _prepare_lake(config: PipelineConfig) -> str:
     lake's place, as the demo names it."""
     from pgcdc.lake.tables import LakeLayout
 
-    layout = LakeLayout(config.lake.location())
+    location = config.lake.location()
+    if location.is_s3 and not location.prefix:  # buckets are shared: never empty a whole one
+        raise SystemExit(f"{location.root}: give the demo's lake a prefix, s3://bucket/prefix")
+    layout = LakeLayout(location)
     root = layout.root
     if root.names():
         if layout.state_file.tag() is None:

@@ -410,6 +410,15 @@ class LakeSettings(_Model):
                         f"{value!r}: {bucket!r} is not an S3 bucket name (3-63 lower-case "
                         "letters, digits, dots and hyphens): write s3://bucket/prefix"
                     )
+                prefix = value.split("://", 1)[1].split("/", 1)[1:]
+                parts = prefix[0].rstrip("/").split("/") if prefix and prefix[0].strip("/") else []
+                if any(p in ("", ".", "..") for p in parts) or any(c in value for c in "?#"):
+                    # Spark (Hadoop's Path) reads s3a://b/x//lake as s3a://b/x/lake, boto3 and
+                    # pyarrow do not: the lock and state would not be beside the tables
+                    raise ValueError(
+                        f"{value!r}: write the prefix without empty, '.' or '..' parts and "
+                        "without '?' or '#': s3://bucket/prefix"
+                    )
                 return value
             if "://" in value and not value.startswith("file://"):
                 raise ValueError(

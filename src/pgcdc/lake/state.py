@@ -197,7 +197,13 @@ def run_lock(
             ) from None
         except StorageError as exc:
             raise StateError(str(exc)) from None
+        _HELD[layout.location] = lease
+        stack.callback(_HELD.pop, layout.location, None)
         yield lease
+
+
+#: the lease this process holds on a lake (``run_lock``): ``save_state`` checks it
+_HELD: dict[Any, Lease] = {}
 
 
 def remove_torn_writes(checkpoint: LakePath) -> list[str]:
@@ -276,6 +282,9 @@ def save_state(layout: LakeLayout, state: PipelineState) -> None:
     new one). A drop recorded in the state stays recorded: ``pgcdc drop --force`` may drop under
     a run whose state in memory predates it."""
     path = layout.state_file
+    held = _HELD.get(layout.location)
+    if held is not None:
+        held.check()  # a run that lost the lake must not overwrite its new holder's state
     if state.dropped_at is None:
         try:
             earlier = json.loads(path.read_text() or "{}").get("dropped_at")

@@ -247,17 +247,21 @@ class LakePath:
 
     @classmethod
     def parse(cls, text: str | Path) -> LakePath:
-        """The path a URI (or local path) names: in the S3 lake this process set up whose root
-        holds it (so with that lake's settings), else in a lake of its own."""
+        """The path a URI (or local path) names: a local path, or one in the S3 lake this
+        process set up (``LakeLocation.register``) whose root holds it, with that lake's
+        settings. An S3 URI in no such lake is an error."""
         text = str(text)
         if is_s3_uri(text):
             uri = f"s3a://{text.split('://', 1)[1].rstrip('/')}"
             with _STORES_LOCK:
                 roots = [r for r in _KNOWN if uri == r or uri.startswith(r + "/")]
-            if roots:
-                location = _KNOWN[max(roots, key=len)]
-                return cls(location, location.key(uri))
-            return LakeLocation.parse(uri).path()
+            if not roots:  # with defaults it would go to AWS with a private store's key id
+                raise StorageError(
+                    f"{uri} is in no S3 lake this process set up: read it through the lake's "
+                    "configuration ([lake.s3]), so that its store is known"
+                )
+            location = _KNOWN[max(roots, key=len)]
+            return cls(location, location.key(uri))
         return LakeLocation.parse(text).path()
 
     def __truediv__(self, name: str) -> LakePath:
@@ -583,6 +587,7 @@ class S3Store:
         a process gone from this host, or not renewed for ``LEASE_SECONDS``, is taken over
         (``If-Match`` the ETag read: one contender wins). A renewal that loses means another
         process took the lake: ``on_lost`` is called (the holder must stop writing)."""
+        self._check_conditional_writes(key)
         lease = self._acquire(key, holder)
         thread = threading.Thread(
             target=self._renew, args=(lease, on_lost), name="pgcdc-lease", daemon=True
@@ -598,6 +603,28 @@ class S3Store:
                 if found is not None and found.tag == lease.tag:
                     self.remove(key)
 
+    def _check_conditional_writes(self, key: str) -> None:
+        """Refuse a store that ignores If-None-Match/If-Match on PUT (several S3-compatible
+        ones do): the lease would then let two processes hold the lake at once."""
+        probe = f"{key}.probe-{uuid.uuid4().hex}"
+        try:
+            tag = self.write(probe, b"1", expect=None)
+            for expect in (None, tag + "x"):  # exists; another version
+                try:
+                    self.write(probe, b"2", expect=expect)
+                except StoreConflict:
+                    continue
+                endpoint = (self.location.s3.endpoint if self.location.s3 else None) or "AWS S3"
+                raise StorageError(
+                    f"the store at {endpoint} ignores conditional writes (If-None-Match and "
+                    "If-Match on PUT): pgcdc cannot keep a second process off the lake there. "
+                    "Fix: use a store that supports them (AWS S3, a recent MinIO), or a local "
+                    "lake"
+                )
+        finally:
+            with contextlib.suppress(StorageError):
+                self.remove(probe)
+
     def _body(self, holder: str) -> dict[str, Any]:
         return {
             "holder": holder,
@@ -605,6 +632,7 @@ class S3Store:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "process_start": _process_start(os.getpid()),
+            "pid_namespace": _pid_namespace(),
             "until": time.time() + LEASE_SECONDS,
         }
 
@@ -642,9 +670,12 @@ class S3Store:
 
     def _renew(self, lease: _Lease, on_lost: Callable[[str], None]) -> None:
         while not lease.stop.wait(RENEW_SECONDS):
-            lease.body["until"] = time.time() + LEASE_SECONDS
+            # the lease runs on only once the store has the renewal: a failed PUT must not
+            # extend it in this process (``check`` would pass while the stored one ran out)
+            body = {**lease.body, "until": time.time() + LEASE_SECONDS}
             try:
-                lease.tag = self.write(lease.key, json.dumps(lease.body).encode(), expect=lease.tag)
+                lease.tag = self.write(lease.key, json.dumps(body).encode(), expect=lease.tag)
+                lease.body = body
             except StoreConflict:
                 holder = "another process"
                 with contextlib.suppress(StorageError, ValueError, AttributeError):
@@ -721,9 +752,26 @@ def _expired(body: dict[str, Any]) -> bool:
             return True
     except (TypeError, ValueError):
         return True
-    if body.get("host") == socket.gethostname() and isinstance(body.get("pid"), int):
+    if (
+        body.get("host") == socket.gethostname()
+        and isinstance(body.get("pid"), int)
+        # a host name is shared by containers with host networking, a pid namespace is not:
+        # only a holder of this very namespace can be seen to be gone
+        and body.get("pid_namespace") is not None
+        and body.get("pid_namespace") == _pid_namespace()
+    ):
         return _process_start(body["pid"]) != body.get("process_start")
     return False
+
+
+def _pid_namespace() -> str | None:
+    """This process's pid namespace and boot (pids mean something only within both)."""
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f"{ns} {f.read().strip()}"
+    except OSError:
+        return None
 
 
 def _code(exc: Exception) -> str:
