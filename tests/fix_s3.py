@@ -196,6 +196,15 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ProxyServe
 
 
 @pytest.fixture
+def s3_credentials(s3_server: S3ProxyServer, monkeypatch: pytest.MonkeyPatch) -> S3ProxyServer:
+    """``s3_server``, its keys and region in this test's environment (``s3_env``): what this
+    process's readers and the processes it starts use."""
+    for name, value in s3_env(s3_server).items():
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
+@pytest.fixture
 def s3_bucket(s3_server: S3ProxyServer) -> str:
     """A fresh, empty bucket for one test; its name. Buckets are left behind: each test has its
     own, and the data folder goes with the session's temporary folder."""

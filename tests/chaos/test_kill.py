@@ -12,7 +12,7 @@ import pytest
 
 from tests.chaos.harness import chaos_kills, chaos_seed, run_chaos
 from tests.fix_pg import PgDatabase
-from tests.fix_s3 import S3ProxyServer, s3_env
+from tests.fix_s3 import S3ProxyServer
 
 pytestmark = pytest.mark.slow
 
@@ -36,15 +36,13 @@ def test_kill_9_loses_and_doubles_nothing(pg: PgDatabase, tmp_path: Path) -> Non
 def test_kill_9_into_a_bucket_loses_and_doubles_nothing(
     pg: PgDatabase,
     tmp_path: Path,
-    s3_server: S3ProxyServer,
+    s3_credentials: S3ProxyServer,
     s3_bucket: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The same on a lake in an S3 bucket: no atomic rename there (Spark's checkpoint files
     are copied, pgcdc's state written whole), and a killed run's lease on the lake is taken
     over by the next run."""
-    for name, value in s3_env(s3_server).items():  # the runs' environment, and this process's
-        monkeypatch.setenv(name, value)
+    s3_server = s3_credentials  # the runs' environment, and this process's
     seed = chaos_seed()
     kills = chaos_kills(3)
     store = f'[lake.s3]\nendpoint = "{s3_server.endpoint}"\npath_style = true\n'

@@ -118,14 +118,9 @@ print(json.dumps(out))
 
 @newest_server
 def test_a_pipeline_into_a_bucket(
-    pg: PgDatabase,
-    s3_server: S3ProxyServer,
-    s3_bucket: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    pg: PgDatabase, s3_credentials: S3ProxyServer, s3_bucket: str, tmp_path: Path
 ) -> None:
-    for name, value in s3_env(s3_server).items():  # this process reads with delta-rs
-        monkeypatch.setenv(name, value)
+    s3_server = s3_credentials  # this process reads with delta-rs too
     pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
     pg.execute("INSERT INTO items SELECT g, g % 7, 'n' || g FROM generate_series(1, 500) g")
     pg.execute("CREATE TABLE notes (k text PRIMARY KEY, body text)")
@@ -215,17 +210,12 @@ def test_wrong_credentials_and_a_missing_bucket_create_nothing(
 
 @newest_server
 def test_the_store_down_and_back_mid_stream_loses_and_doubles_nothing(
-    pg: PgDatabase,
-    s3_server: S3ProxyServer,
-    s3_bucket: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    pg: PgDatabase, s3_credentials: S3ProxyServer, s3_bucket: str, tmp_path: Path
 ) -> None:
     """S3Proxy killed (kill -9) under a running ``pgcdc run`` and started again 20 s later:
     the run rides it out (S3A's and boto3's retries), the changes made meanwhile arrive, none
     twice."""
-    for name, value in s3_env(s3_server).items():
-        monkeypatch.setenv(name, value)
+    s3_server = s3_credentials
     pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
     pg.execute("INSERT INTO items SELECT g, g, 'n' || g FROM generate_series(1, 200) g")
     pg.execute("CREATE TABLE notes (k text PRIMARY KEY, body text)")

@@ -18,14 +18,12 @@ from pgcdc.lake.config import LakeSettings
 from pgcdc.lake.state import PipelineState, StateError, load_state, run_lock, save_state
 from pgcdc.lake.storage import LakeLocation, LakePath, LeaseLost, S3Settings, StorageError
 from pgcdc.lake.tables import LakeLayout
-from tests.fix_s3 import S3ProxyServer, s3_client, s3_env
+from tests.fix_s3 import S3ProxyServer, s3_client
 
 
 @pytest.fixture
-def layout(s3_server: S3ProxyServer, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> LakeLayout:
-    for name, value in s3_env(s3_server).items():
-        monkeypatch.setenv(name, value)
-    settings = S3Settings(endpoint=s3_server.endpoint, path_style=True)
+def layout(s3_credentials: S3ProxyServer, s3_bucket: str) -> LakeLayout:
+    settings = S3Settings(endpoint=s3_credentials.endpoint, path_style=True)
     return LakeLayout(LakeLocation.parse(f"s3://{s3_bucket}/lake", settings).register())
 
 

@@ -12,7 +12,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.fix_s3 import S3ProxyServer, s3_client, s3_env
+from tests.fix_s3 import S3ProxyServer, s3_client
 
 
 def _status(error: ClientError) -> tuple[int, str]:
@@ -61,14 +61,12 @@ def test_wrong_secret_is_refused(s3_server: S3ProxyServer, s3_bucket: str) -> No
 
 
 def test_s3_env_is_enough_for_a_client(
-    s3_server: S3ProxyServer, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+    s3_credentials: S3ProxyServer, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # what a child process gets: credentials and region from the environment only
     for name in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    for name, value in s3_env(s3_server).items():
-        monkeypatch.setenv(name, value)
-    s3 = boto3.session.Session().client("s3", endpoint_url=s3_server.endpoint)
+    s3 = boto3.session.Session().client("s3", endpoint_url=s3_credentials.endpoint)
     s3.put_object(Bucket=s3_bucket, Key="k", Body=b"v")
     assert _body(s3, s3_bucket, "k") == b"v"
 

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgcdc.errors import PgcdcError
-from pgcdc.lake.storage import LakePath, Lease, StorageError, StoreConflict
+from pgcdc.lake.storage import LakeLocation, LakePath, Lease, StorageError, StoreConflict
 from pgcdc.lake.tables import LakeLayout
 
 __all__ = [
@@ -203,7 +203,7 @@ def run_lock(
 
 
 #: the lease this process holds on a lake (``run_lock``): ``save_state`` checks it
-_HELD: dict[Any, Lease] = {}
+_HELD: dict[LakeLocation, Lease] = {}
 
 
 def remove_torn_writes(checkpoint: LakePath) -> list[str]:

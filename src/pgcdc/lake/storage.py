@@ -493,7 +493,7 @@ class S3Store:
         try:
             got = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
         except Exception as exc:
-            if _code(exc) in ("NoSuchKey", "404"):
+            if _missing(exc):
                 return None
             raise self._fail(exc, f"read {self.location.uri(key)}") from None
         return Stored(got["Body"].read(), str(got["ETag"]))
@@ -502,7 +502,7 @@ class S3Store:
         try:
             head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except Exception as exc:
-            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+            if _missing(exc):
                 return None
             raise self._fail(exc, f"read {self.location.uri(key)}") from None
         return str(head["ETag"])
@@ -523,10 +523,13 @@ class S3Store:
             raise self._fail(exc, f"write {self.location.uri(key)}") from None
         return str(put["ETag"])
 
-    def _list(self, key: str, *, delimiter: bool) -> Iterator[dict[str, Any]]:
+    def _folder(self, key: str) -> str:
+        """The key prefix of everything under ``key`` ('' for the bucket's top)."""
         prefix = self._key(key)
-        prefix = f"{prefix}/" if prefix else ""
-        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        return f"{prefix}/" if prefix else ""
+
+    def _list(self, key: str, *, delimiter: bool) -> Iterator[dict[str, Any]]:
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._folder(key)}
         if delimiter:
             args["Delimiter"] = "/"
         while True:
@@ -549,10 +552,9 @@ class S3Store:
         return found
 
     def is_dir(self, key: str) -> bool:
-        prefix = self._key(key)
         try:
             page = self.client.list_objects_v2(
-                Bucket=self.bucket, Prefix=f"{prefix}/" if prefix else "", MaxKeys=1
+                Bucket=self.bucket, Prefix=self._folder(key), MaxKeys=1
             )
         except Exception as exc:
             raise self._fail(exc, f"list {self.location.uri(key)}") from None
@@ -562,7 +564,7 @@ class S3Store:
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
         except Exception as exc:
-            if _code(exc) not in ("NoSuchKey", "404"):
+            if not _missing(exc):
                 raise self._fail(exc, f"remove {self.location.uri(key)}") from None
 
     def remove_tree(self, key: str) -> int:
@@ -772,6 +774,11 @@ def _pid_namespace() -> str | None:
             return f"{ns} {f.read().strip()}"
     except OSError:
         return None
+
+
+def _missing(exc: Exception) -> bool:
+    """Whether a request failed because the object is not there (GET, HEAD, DELETE)."""
+    return _code(exc) in ("NoSuchKey", "404", "NotFound")
 
 
 def _code(exc: Exception) -> str:
