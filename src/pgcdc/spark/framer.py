@@ -1,9 +1,10 @@
-"""The framer: reads the pgoutput stream just enough to index transactions, never their rows.
+"""The receiver's framer: reads the pgoutput stream just enough to index transactions, never
+their rows.
 
-For each message (already appended to the spool at a known offset) it looks at the type byte
-and, inside a streamed block, the Xid that follows it; only the rare control messages (Begin,
-Commit, Stream Start/Commit/Abort, Relation, Type) go through the full ``Decoder``. Changes are
-counted (a TRUNCATE counts one row per relation) and their bytes summed.
+``pgcdc.protocol.transactions.TransactionFramer`` says which transaction each message (already
+appended to the spool at a known offset) belongs to; this reader of it counts changes (a
+TRUNCATE counts one row per relation), sums their bytes, and keeps each transaction's spool
+ranges. Only the rare control messages and Relation and Type go through the full ``Decoder``.
 
 * A plain transaction is one contiguous spool range, from after its Begin to its Commit.
 * A streamed transaction collects the ranges of its blocks. Per subtransaction it remembers
@@ -28,23 +29,22 @@ from datetime import UTC, datetime, timedelta
 
 from pgcdc.protocol.decoder import Decoder
 from pgcdc.protocol.errors import ProtocolError
-from pgcdc.protocol.message_types import (
-    CHANGES,
-    DEFINITIONS,
-    TWO_PHASE,
-    XID_IN_STREAM,
-    MessageType,
-)
+from pgcdc.protocol.message_types import CHANGES, DEFINITIONS, MessageType
 from pgcdc.protocol.messages import (
     Begin,
+    BeginPrepare,
     Commit,
+    CommitPrepared,
+    Prepare,
     Relation,
+    RollbackPrepared,
     StreamAbort,
     StreamCommit,
+    StreamPrepare,
     StreamStart,
     Type,
 )
-from pgcdc.protocol.streamed import Subtransactions
+from pgcdc.protocol.transactions import Discard, TransactionFramer
 from pgcdc.spark.errors import SparkSourceError
 from pgcdc.spark.index import Definitions, TransactionIndex, TxnEntry
 from pgcdc.spark.spool import RECORD_HEADER
@@ -53,24 +53,11 @@ __all__ = ["Framer", "FramerStats"]
 
 log = logging.getLogger("pgcdc.spark")
 
-_U32 = struct.Struct("!I")
 _I32 = struct.Struct("!i")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 
-_B, _C, _O, _M, _T = (
-    MessageType.BEGIN,
-    MessageType.COMMIT,
-    MessageType.ORIGIN,
-    MessageType.MESSAGE,
-    MessageType.TRUNCATE,
-)
-_S, _E, _c, _A = (
-    MessageType.STREAM_START,
-    MessageType.STREAM_STOP,
-    MessageType.STREAM_COMMIT,
-    MessageType.STREAM_ABORT,
-)
+_T = MessageType.TRUNCATE
 
 
 def _read_i32(payload: bytes, at: int) -> int:
@@ -91,13 +78,12 @@ class _Sub:
     offset: int  # spool offset of its first message
     rows: int
     nbytes: int
-    nranges: int
     ndefs: int
 
 
 @dataclass
 class _Open:
-    """A transaction being received."""
+    """A transaction being received: its spool ranges, counts and definitions."""
 
     xid: int
     streamed: bool
@@ -105,11 +91,8 @@ class _Open:
     rows: int = 0
     nbytes: int = 0
     defs: list[tuple[int, tuple[str, int], bytes]] = field(default_factory=list)  # offset, key
-    subs: Subtransactions[_Sub] = field(init=False)
     commit_time: int = 0
-
-    def __post_init__(self) -> None:
-        self.subs = Subtransactions(self.xid)
+    body_start: int = 0  # a regular transaction's: the spool offset after its Begin
 
     def add(self, offset: int, record: int) -> None:
         ranges = self.ranges
@@ -142,18 +125,36 @@ class FramerStats:
     empty: int = 0
 
 
+def _two_phase() -> SparkSourceError:
+    return SparkSourceError(
+        "the slot decodes prepared transactions at PREPARE time (two_phase), which the "
+        "pgcdc Spark source does not read",
+        "use a slot created without two_phase",
+    )
+
+
+def _out_of_order(text: str) -> SparkSourceError:
+    return SparkSourceError(text, "report this as a pgcdc bug, with the server version")
+
+
 class Framer:
-    """Feeds the transaction index from raw pgoutput messages (see the module doc)."""
+    """Feeds the transaction index from raw pgoutput messages (see the module doc): the
+    shared ``TransactionFramer`` frames them, this reader counts and indexes them."""
 
     def __init__(self, index: TransactionIndex, proto_version: int) -> None:
         self.index = index
         self.proto_version = proto_version
-        self._decoder = Decoder(proto_version)
-        self._txn: _Open | None = None
-        self._body_start = 0
-        self._block: _Open | None = None
-        self._streams: dict[int, _Open] = {}
+        self._framer: TransactionFramer[_Open, _Sub] = TransactionFramer(
+            self,
+            Decoder(proto_version),
+            where=lambda offset: f" at spool offset {offset}",
+            error=_out_of_order,
+        )
+        self._decode = self._framer.decoder.decode
         self._defs: Definitions = {}
+        self._position = 0  # the spool offset of the message being fed
+        self._record = 0  # and its record's size
+        self._committed: TxnEntry | None = None
         #: transactions committing at or below this are not indexed again
         self.skip_through = 0
         #: the highest commit end LSN processed
@@ -168,98 +169,112 @@ class Framer:
     def open_ranges(self, end: int) -> list[tuple[int, int]]:
         """The spool byte ranges unfinished transactions still need (an open transaction's
         body up to ``end``, the spool offset after the last message framed)."""
-        ranges = [(self._body_start, end)] if self._txn is not None else []
-        for stream in self._streams.values():
+        txn = self._framer.current
+        ranges = [(txn.body_start, end)] if txn is not None else []
+        for stream in self._framer.streams():
             ranges.extend((start, stop) for start, stop in stream.ranges)
         return ranges
 
     def reset(self) -> None:
         """A new connection: forget unfinished transactions (the server sends them again)."""
-        self._txn = None
-        self._block = None
-        self._streams.clear()
-        self._decoder.reset()
+        self._framer.reset()
         self.skip_through = max(self.skip_through, self.index.last_commit_lsn)
 
     # -- feeding ---------------------------------------------------------------------------
     def feed(self, payload: bytes, offset: int) -> TxnEntry | None:
         """One message, written to the spool at ``offset``; the transaction it committed."""
         self.stats.messages += 1
-        kind = payload[0] if payload else 0
-        record = RECORD_HEADER.size + len(payload)
-        block = self._block
-        if block is not None:
-            return self._in_block(block, kind, payload, offset, record)
-        txn = self._txn
-        if txn is not None:
-            if kind == _C:
-                return self._commit(txn, payload, offset)
-            if kind in CHANGES:
-                txn.rows += 1
-            elif kind == _T:
-                txn.rows += _read_i32(payload, 1)
-            elif kind in DEFINITIONS:
-                message = self._decode(payload)
-                self._capture(txn, message, payload, offset)
-            elif kind not in (_O, _M):
-                self._decode(payload)  # raises for what cannot be inside a transaction
-                raise self._unexpected(kind, "inside a transaction")
-            txn.nbytes += len(payload)
-            return None
-        if kind == _B:
-            begin = self._decode(payload)
-            assert isinstance(begin, Begin)
-            self._txn = _Open(begin.xid, False, commit_time=unix_micros(begin.commit_time))
-            self._body_start = offset + record
-            return None
-        if kind == _S:
-            start = self._decode(payload)
-            assert isinstance(start, StreamStart)
-            stream = self._streams.get(start.xid)
-            if start.first_segment or stream is None:
-                if stream is not None:
-                    log.warning(
-                        "streamed transaction %d started over from its first block", start.xid
-                    )
-                if not start.first_segment:
-                    raise SparkSourceError(
-                        f"Stream Start continues streamed transaction {start.xid}, whose first "
-                        "block was not received on this connection",
-                        "report this as a pgcdc bug (the stream is missing messages)",
-                    )
-                stream = self._streams[start.xid] = _Open(start.xid, True)
-            self._block = stream
-            return None
-        if kind == _c:
-            return self._stream_commit(payload)
-        if kind == _A:
-            self._stream_abort(payload)
-            return None
-        if kind == _M:
-            self._decode(payload)  # a non-transactional logical message: not a row
-            return None
-        if kind in TWO_PHASE:
-            raise SparkSourceError(
-                "the slot decodes prepared transactions at PREPARE time (two_phase), which the "
-                "pgcdc Spark source does not read",
-                "use a slot created without two_phase",
-            )
-        self._decode(payload)
-        raise self._unexpected(kind, "outside a transaction")
+        self._position = offset
+        self._record = RECORD_HEADER.size + len(payload)
+        self._framer.feed(payload, offset)
+        entry, self._committed = self._committed, None
+        return entry
 
-    # -- internals -------------------------------------------------------------------------
-    def _decode(self, payload: bytes) -> object:
-        return self._decoder.decode(payload)
-
-    @staticmethod
-    def _unexpected(kind: int, where: str) -> SparkSourceError:
-        return SparkSourceError(
-            f"unexpected pgoutput message {chr(kind)!r} {where}",
-            "report this as a pgcdc bug, with the server version",
+    # -- what the framer tells (FrameReader) -------------------------------------------------
+    def begin(self, message: Begin | BeginPrepare, position: int) -> _Open:
+        if isinstance(message, BeginPrepare):
+            raise _two_phase()
+        return _Open(
+            message.xid,
+            False,
+            commit_time=unix_micros(message.commit_time),
+            body_start=position + self._record,
         )
 
-    def _capture(self, txn: _Open, message: object, payload: bytes, offset: int) -> None:
+    def data(self, txn: _Open, kind: int, payload: bytes, position: int) -> None:
+        if kind in CHANGES:
+            txn.rows += 1
+        elif kind == _T:
+            txn.rows += _read_i32(payload, 1)
+        elif kind in DEFINITIONS:
+            self._capture(txn, payload, position)
+        txn.nbytes += len(payload)
+
+    def end(self, txn: _Open, message: Commit | Prepare, position: int) -> None:
+        assert isinstance(message, Commit)
+        if position > txn.body_start:
+            txn.ranges.append([txn.body_start, position])
+        self._committed = self._finish(txn, message.commit_lsn, message.end_lsn)
+
+    def between(self, kind: int, payload: bytes, position: int) -> None:
+        self._decode(payload)
+        if kind != MessageType.MESSAGE:  # a non-transactional logical message is not a row
+            raise _out_of_order(f"unexpected pgoutput message {chr(kind)!r} outside a transaction")
+
+    def resolved(self, message: CommitPrepared | RollbackPrepared) -> None:
+        raise _two_phase()
+
+    def stream_finished(self, message: StreamStart | StreamCommit | StreamPrepare) -> bool:
+        if isinstance(message, StreamPrepare):
+            raise _two_phase()
+        return isinstance(message, StreamCommit) and message.commit_lsn <= self.skip_through
+
+    def stream_open(self, message: StreamStart) -> _Open:
+        return _Open(message.xid, True)
+
+    def block_start(self, txn: _Open) -> None:
+        pass
+
+    def stream_data(self, txn: _Open, kind: int, payload: bytes, position: int) -> None:
+        if kind in CHANGES:
+            txn.rows += 1
+        elif kind == _T:
+            txn.rows += _read_i32(payload, 5)
+        elif kind in DEFINITIONS:
+            self._capture(txn, payload, position)
+        txn.nbytes += len(payload)
+        txn.add(position, self._record)
+
+    def block_stop(self, txn: _Open) -> None:
+        pass
+
+    def mark(self, txn: _Open) -> _Sub:
+        # called before stream_data adds the message: the counts are those before it
+        return _Sub(self._position, txn.rows, txn.nbytes, len(txn.defs))
+
+    def stream_abort(self, txn: _Open, message: StreamAbort, mark: _Sub | None) -> None:
+        if message.xid == message.subxid:
+            self.stats.aborted += 1
+            return
+        self.stats.subtransaction_aborts += 1
+        if mark is not None:  # else nothing of it was streamed
+            txn.truncate(mark)
+
+    def stream_end(self, txn: _Open, message: StreamCommit | StreamPrepare) -> None:
+        if isinstance(message, StreamPrepare):
+            raise _two_phase()
+        self.stats.streamed += 1
+        txn.commit_time = unix_micros(message.commit_time)
+        self._committed = self._finish(txn, message.commit_lsn, message.end_lsn)
+
+    def discard(self, txn: _Open, reason: Discard) -> None:
+        if reason == "restart":
+            log.warning("streamed transaction %d started over from its first block", txn.xid)
+
+    # -- internals -------------------------------------------------------------------------
+    def _capture(self, txn: _Open, payload: bytes, offset: int) -> None:
         """Remember a Relation or Type message (as sent outside a stream: without the xid)."""
+        message = self._decode(payload)
         if isinstance(message, Relation):
             key = ("R", message.relation_id)
         elif isinstance(message, Type):
@@ -268,77 +283,6 @@ class Framer:
             return
         plain = payload[:1] + payload[5:] if message.xid is not None else payload
         txn.defs.append((offset, key, plain))
-
-    def _in_block(
-        self, stream: _Open, kind: int, payload: bytes, offset: int, record: int
-    ) -> TxnEntry | None:
-        if kind == _E:
-            self._decode(payload)
-            self._block = None
-            return None
-        if kind in XID_IN_STREAM:
-            if len(payload) < 1 + _U32.size:
-                raise ProtocolError(chr(kind), len(payload), "message too short for its Xid")
-            subxid = _U32.unpack_from(payload, 1)[0]
-            subs = stream.subs
-            if subxid != subs.xid and subxid != subs.last:  # noqa: PLR1714 - the hot path
-                subs.note(
-                    subxid,
-                    lambda: _Sub(
-                        offset, stream.rows, stream.nbytes, len(stream.ranges), len(stream.defs)
-                    ),
-                )
-            if kind in CHANGES:
-                stream.rows += 1
-            elif kind == _T:
-                stream.rows += _read_i32(payload, 5)
-            elif kind in DEFINITIONS:
-                self._capture(stream, self._decode(payload), payload, offset)
-        elif kind != _O:
-            self._decode(payload)
-            raise self._unexpected(kind, "inside a streamed block")
-        stream.nbytes += len(payload)
-        stream.add(offset, record)
-        return None
-
-    def _stream_abort(self, payload: bytes) -> None:
-        abort = self._decode(payload)
-        assert isinstance(abort, StreamAbort)
-        stream = self._streams.get(abort.xid)
-        if stream is None:
-            return
-        if abort.xid == abort.subxid:
-            del self._streams[abort.xid]
-            self.stats.aborted += 1
-            return
-        self.stats.subtransaction_aborts += 1
-        sub = stream.subs.abort(abort.subxid)
-        if sub is not None:  # else nothing of it was streamed
-            stream.truncate(sub)
-
-    def _stream_commit(self, payload: bytes) -> TxnEntry | None:
-        commit = self._decode(payload)
-        assert isinstance(commit, StreamCommit)
-        stream = self._streams.pop(commit.xid, None)
-        if stream is None:
-            if commit.commit_lsn <= self.skip_through:
-                return None
-            raise SparkSourceError(
-                f"Stream Commit of transaction {commit.xid} at {commit.commit_lsn}, but no block "
-                "of it was received on this connection",
-                "report this as a pgcdc bug (the stream is missing messages)",
-            )
-        self.stats.streamed += 1
-        stream.commit_time = unix_micros(commit.commit_time)
-        return self._finish(stream, commit.commit_lsn, commit.end_lsn)
-
-    def _commit(self, txn: _Open, payload: bytes, offset: int) -> TxnEntry | None:
-        commit = self._decode(payload)
-        assert isinstance(commit, Commit)
-        self._txn = None
-        if offset > self._body_start:
-            txn.ranges.append([self._body_start, offset])
-        return self._finish(txn, commit.commit_lsn, commit.end_lsn)
 
     def _finish(self, txn: _Open, commit_lsn: int, end_lsn: int) -> TxnEntry | None:
         self.progress = max(self.progress, end_lsn)
