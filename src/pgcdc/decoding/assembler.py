@@ -2,7 +2,9 @@
 
 The ``Assembler`` is sans-I/O: it is fed events (``WalData`` / ``Reconnected`` / ``Idle`` from
 ``pgcdc.replication``, or raw message bytes with their LSNs) and calls an output plugin's
-callbacks, like PostgreSQL's reorder buffer does for a C output plugin:
+callbacks, like PostgreSQL's reorder buffer does for a C output plugin. Which transaction each
+message belongs to, and the order a stream must follow, is ``pgcdc.protocol.transactions``'
+framer (shared with the Spark source); the assembler is its reader, with buffers and callbacks:
 
 * Regular transactions (Begin .. Commit) are buffered until their Commit, then delivered
   (begin, changes, commit). A streaming plugin receives them the same way.
@@ -62,7 +64,7 @@ from pgcdc.decoding.transaction import (
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.decoder import MAX_PROTO_VERSION, Decoder
 from pgcdc.protocol.errors import MESSAGE_NAMES
-from pgcdc.protocol.message_types import XID_IN_STREAM, MessageType, peek
+from pgcdc.protocol.message_types import MessageType, peek
 from pgcdc.protocol.messages import (
     Begin,
     BeginPrepare,
@@ -80,12 +82,11 @@ from pgcdc.protocol.messages import (
     StreamCommit,
     StreamPrepare,
     StreamStart,
-    StreamStop,
     Truncate,
     Type,
     Update,
 )
-from pgcdc.protocol.streamed import Subtransactions
+from pgcdc.protocol.transactions import Discard, TransactionFramer
 
 if TYPE_CHECKING:
     from pgcdc.protocol.values.registry import TypeRegistry
@@ -102,8 +103,7 @@ _CODE_R = MessageType.RELATION
 _CODE_Y = MessageType.TYPE
 _CODE_T = MessageType.TRUNCATE
 _CODE_M = MessageType.MESSAGE
-#: Message types that carry data (and, inside a streamed block, an xid after the type byte).
-_DATA_CODES = XID_IN_STREAM
+_CODE_O = MessageType.ORIGIN
 
 _REGULAR = "regular"
 _PREPARED = "prepared"
@@ -163,7 +163,6 @@ class _Txn:
         "prepare_time",
         "skip",
         "started",
-        "subxacts",
         "xid",
     )
 
@@ -185,7 +184,6 @@ class _Txn:
         self.initial: dict[int, RelationInfo] = {}
         self.overlay: dict[int, RelationInfo] = {}
         self.overlay_log: list[RelationInfo] = []
-        self.subxacts: Subtransactions[_Sub] = Subtransactions(xid)
         # streaming plugins (live delivery of streamed blocks)
         self.live = False
         self.started = False
@@ -198,6 +196,44 @@ class _Txn:
         if self.buffer is not None:
             self.buffer.close()
             self.buffer = None
+
+
+class _Reader:
+    """The assembler as its framer's ``FrameReader``, without making the reader's methods part
+    of the assembler's public interface: each is one of the assembler's private methods."""
+
+    __slots__ = (
+        "begin",
+        "between",
+        "block_start",
+        "block_stop",
+        "data",
+        "discard",
+        "end",
+        "mark",
+        "resolved",
+        "stream_abort",
+        "stream_data",
+        "stream_end",
+        "stream_finished",
+        "stream_open",
+    )
+
+    def __init__(self, a: Assembler) -> None:
+        self.begin = a._begin
+        self.data = a._regular_data
+        self.end = a._end
+        self.between = a._between
+        self.resolved = a._resolved
+        self.stream_finished = a._stream_finished
+        self.stream_open = a._stream_open
+        self.block_start = a._block_start
+        self.stream_data = a._stream_data
+        self.block_stop = a._block_stop
+        self.mark = a._mark
+        self.stream_abort = a._stream_abort
+        self.stream_end = a._stream_end
+        self.discard = a._discard
 
 
 def _name(code: int) -> str:
@@ -244,14 +280,15 @@ class Assembler:
         self._pool = SpillPool(memory_limit, spill_dir)
         self._encoding = encoding
         self._proto_version: int | None = proto_version
-        self._decoder = Decoder(proto_version or MAX_PROTO_VERSION, encoding=encoding)
+        self._framer: TransactionFramer[_Txn, _Sub] = TransactionFramer(
+            _Reader(self),
+            Decoder(proto_version or MAX_PROTO_VERSION, encoding=encoding),
+            where=lambda lsn: f" at {Lsn(lsn)}",
+            error=DecodingError,
+        )
         self._replay_decoder = Decoder(proto_version or MAX_PROTO_VERSION, encoding=encoding)
         self.stats = AssemblerStats()
 
-        self._cur: _Txn | None = None
-        self._block: _Txn | None = None
-        self._block_suppressed: int | None = None
-        self._streams: dict[int, _Txn] = {}
         self._held: dict[int, _Txn] = {}
         self._prepared_seen: dict[int, Lsn] = {}
         self._stream_done: dict[int, Lsn] = {}
@@ -291,33 +328,18 @@ class Assembler:
         self._cb_stream_truncate = cb("stream_truncate")
         self._cb_schema_change = cb("schema_change")
 
-        self._dispatch: dict[type, Callable[[Any], None]] = {
-            Begin: self._on_begin,
-            Commit: self._on_commit,
-            Origin: self._on_origin,
-            StreamStart: self._on_stream_start,
-            StreamStop: self._on_stream_stop,
-            StreamCommit: self._on_stream_commit,
-            StreamAbort: self._on_stream_abort,
-            BeginPrepare: self._on_begin_prepare,
-            Prepare: self._on_prepare,
-            StreamPrepare: self._on_stream_prepare,
-            CommitPrepared: self._on_commit_prepared,
-            RollbackPrepared: self._on_rollback_prepared,
-        }
-
     # -- public state --------------------------------------------------------------------
     @property
     def proto_version(self) -> int:
-        return self._decoder.proto_version
+        return self._framer.decoder.proto_version
 
     def set_proto_version(self, proto_version: int) -> None:
         """Set the stream's protocol version (once known, before its first message)."""
-        if proto_version == self._decoder.proto_version:
+        if proto_version == self._framer.decoder.proto_version:
             return
         if self.in_progress:
             raise RuntimeError("the protocol version cannot change in the middle of a stream")
-        self._decoder = Decoder(proto_version, encoding=self._encoding)
+        self._framer.decoder = Decoder(proto_version, encoding=self._encoding)
         self._replay_decoder = Decoder(proto_version, encoding=self._encoding)
         self._proto_version = proto_version
         self.ctx.proto_version = proto_version
@@ -335,14 +357,13 @@ class Assembler:
     @property
     def in_progress(self) -> bool:
         """Inside a transaction (Begin without its end) or a streamed block."""
-        return (
-            self._cur is not None or self._block is not None or self._block_suppressed is not None
-        )
+        return self._framer.in_progress
 
     @property
     def open_transactions(self) -> int:
         """Transactions begun and not finished (a regular one and streamed ones)."""
-        return len(self._streams) + (1 if self._cur is not None else 0)
+        framer = self._framer
+        return len(framer.streams()) + (1 if framer.current is not None else 0)
 
     @property
     def held_prepared(self) -> tuple[tuple[int, str | None, Lsn | None], ...]:
@@ -449,21 +470,12 @@ class Assembler:
         """The connection was re-established; the server resends from ``resume_lsn``."""
         resume = Lsn(resume_lsn)
         dropped = self.open_transactions
-        block = self._block
+        block = self._framer.block
         if block is not None and block.block_open and self._cb_stream_stop is not None:
             block.block_open = False
             assert block.info is not None
             self._cb_stream_stop(self.ctx, block.info)
-        self._block = None
-        self._block_suppressed = None
-        if self._cur is not None:
-            self._cur.close()
-            self._cur = None
-        streams = list(self._streams.values())
-        self._streams.clear()
-        for st in streams:
-            self._drop_stream(st, "reconnect")
-        self._decoder.reset()
+        self._framer.reset()  # discards every unfinished transaction
         self._prune(resume)
         self.stats.reconnects += 1
         log.info(
@@ -489,45 +501,28 @@ class Assembler:
             self._last_data = max(self._last_data, data_start)
         if wal_end is not None and wal_end > self._last_data:
             self._last_data = wal_end
-        if payload and payload[0] in _DATA_CODES:
-            self._on_data(payload[0], payload, data_start)
-            return
-        message = self._decoder.decode(payload)
-        self._dispatch[type(message)](message)
+        self._framer.feed(payload, data_start)
 
     # -- data messages -------------------------------------------------------------------
     def _peek_u32(self, payload: bytes, offset: int) -> int:
         if len(payload) < offset + 4:
-            self._decoder.decode(payload)  # raises ProtocolError naming the problem
+            self._decode(payload)  # raises ProtocolError naming the problem
         value: int = _U32.unpack_from(payload, offset)[0]
         return value
 
     def _decode(self, payload: bytes) -> ReplicationMessage:
-        return self._decoder.decode(payload)
+        return self._framer.decoder.decode(payload)
 
-    def _on_data(self, code: int, payload: bytes, lsn: int) -> None:
-        if self._block_suppressed is not None:
-            return
-        st = self._block
-        if st is not None:
-            self._stream_data(st, code, payload, lsn)
-            return
-        cur = self._cur
-        if cur is not None:
-            self._regular_data(cur, code, payload, lsn)
-            return
+    def _between(self, code: int, payload: bytes, lsn: int) -> None:
+        """A Relation, Type or non-transactional Message outside any transaction."""
         message = self._decode(payload)
         if isinstance(message, Type):
             self.relations.add_type(message)
         elif isinstance(message, Relation):
             self.relations.apply(message)
-        elif isinstance(message, Message) and not message.transactional:
-            self._plain_message(message)
         else:
-            raise DecodingError(
-                f"{_name(code)} message at {Lsn(lsn)} outside any transaction (no Begin, Begin "
-                "Prepare or Stream Start before it): the stream is missing messages"
-            )
+            assert isinstance(message, Message)
+            self._plain_message(message)
 
     def _bind(self, t: _Txn, relation_id: int, lsn: int, code: int) -> None:
         """Make sure a buffered change's relation will be known at delivery."""
@@ -542,6 +537,9 @@ class Assembler:
         t.initial[relation_id] = info
 
     def _regular_data(self, t: _Txn, code: int, payload: bytes, lsn: int) -> None:
+        if code == _CODE_O:
+            self._origin(t, payload)
+            return
         if code == _CODE_Y:
             message = self._decode(payload)
             assert isinstance(message, Type)
@@ -578,6 +576,9 @@ class Assembler:
         t.buffer.append(payload, lsn)
 
     def _stream_data(self, st: _Txn, code: int, payload: bytes, lsn: int) -> None:
+        if code == _CODE_O:
+            self._origin(st, payload)
+            return
         if st.block_pending:
             self._open_block(st)
         if code == _CODE_Y:
@@ -592,17 +593,7 @@ class Assembler:
             return
         if len(payload) < 9:
             self._decode(payload)  # too short for any streamed data message: raises
-        xid, relid = _XID_OID.unpack_from(payload, 1)
-        subxacts = st.subxacts
-        if xid != subxacts.xid and xid != subxacts.last:  # noqa: PLR1714 - the hot path
-            subxacts.note(
-                xid,
-                lambda: _Sub(
-                    st.buffer.mark() if st.buffer is not None else None,
-                    len(st.overlay_log),
-                    st.next_position,
-                ),
-            )
+        relid = _XID_OID.unpack_from(payload, 1)[1]
         if code == _CODE_R:
             relation = self._decode(payload)
             assert isinstance(relation, Relation)
@@ -874,32 +865,25 @@ class Assembler:
             del self._prepared_seen[xid]
 
     # -- regular transactions ------------------------------------------------------------
-    def _open(self, xid: int, kind: str, skip: bool, what: str, lsn: Lsn) -> _Txn:
-        if self._cur is not None:
-            raise DecodingError(
-                f"{what} for xid {xid} at {lsn} while transaction {self._cur.xid} is still "
-                "open (its Commit or Prepare never arrived)"
-            )
-        buffer = None if skip else self._pool.buffer(str(xid))
-        t = _Txn(xid, kind, buffer)
+    def _begin(self, m: Begin | BeginPrepare, position: int) -> _Txn:
+        if isinstance(m, Begin):
+            skip = m.final_lsn < self._hwm
+            t = _Txn(m.xid, _REGULAR, None if skip else self._pool.buffer(str(m.xid)))
+            t.final_lsn = m.final_lsn
+            t.commit_time = m.commit_time
+        else:
+            skip = self._prepared_seen.get(m.xid) == m.prepare_lsn
+            t = _Txn(m.xid, _PREPARED, None if skip else self._pool.buffer(str(m.xid)))
+            t.gid = m.gid
+            t.prepare_lsn = m.prepare_lsn
+            t.prepare_end_lsn = m.end_lsn
+            t.prepare_time = m.prepare_time
         t.skip = skip
-        self._cur = t
         return t
 
-    def _on_begin(self, m: Begin) -> None:
-        skip = m.final_lsn < self._hwm
-        t = self._open(m.xid, _REGULAR, skip, "Begin", m.final_lsn)
-        t.final_lsn = m.final_lsn
-        t.commit_time = m.commit_time
-
-    def _on_origin(self, m: Origin) -> None:
-        if self._block_suppressed is not None:
-            return
-        t = self._block or self._cur
-        if t is None:
-            raise DecodingError(
-                f"Origin message ({m.name!r}, {m.commit_lsn}) outside a transaction"
-            )
+    def _origin(self, t: _Txn, payload: bytes) -> None:
+        m = self._decode(payload)
+        assert isinstance(m, Origin)
         t.origin = m.name
         t.origin_lsn = m.commit_lsn or None
         if t.filtered or t.skip or self._cb_filter_origin is None:
@@ -915,14 +899,13 @@ class Assembler:
             t.filtered = True
             t.close()
 
-    def _on_commit(self, m: Commit) -> None:
-        t = self._cur
-        if t is None or t.kind != _REGULAR:
-            raise DecodingError(
-                f"Commit at {m.commit_lsn} without "
-                + ("a Begin" if t is None else f"a Begin (transaction {t.xid} is prepared)")
-            )
-        self._cur = None
+    def _end(self, t: _Txn, m: Commit | Prepare, position: int) -> None:
+        if isinstance(m, Commit):
+            self._on_commit(t, m)
+        else:
+            self._on_prepare(t, m)
+
+    def _on_commit(self, t: _Txn, m: Commit) -> None:
         if t.skip:
             t.close()
             self.stats.duplicates += 1
@@ -953,22 +936,7 @@ class Assembler:
             self._cb_filter_prepare is not None and self._cb_filter_prepare(self.ctx, xid, gid)
         )
 
-    def _on_begin_prepare(self, m: BeginPrepare) -> None:
-        skip = self._prepared_seen.get(m.xid) == m.prepare_lsn
-        t = self._open(m.xid, _PREPARED, skip, "Begin Prepare", m.prepare_lsn)
-        t.gid = m.gid
-        t.prepare_lsn = m.prepare_lsn
-        t.prepare_end_lsn = m.end_lsn
-        t.prepare_time = m.prepare_time
-
-    def _on_prepare(self, m: Prepare) -> None:
-        t = self._cur
-        if t is None or t.kind != _PREPARED or t.xid != m.xid:
-            raise DecodingError(
-                f"Prepare of xid {m.xid} (gid {m.gid!r}) at {m.prepare_lsn} without its "
-                "Begin Prepare"
-            )
-        self._cur = None
+    def _on_prepare(self, t: _Txn, m: Prepare) -> None:
         if t.skip:
             t.close()
             self.stats.duplicates += 1
@@ -1023,6 +991,12 @@ class Assembler:
             )
             self._ledger.passed(end_lsn)
         self._advance(end_lsn)
+
+    def _resolved(self, m: CommitPrepared | RollbackPrepared) -> None:
+        if isinstance(m, CommitPrepared):
+            self._on_commit_prepared(m)
+        else:
+            self._on_rollback_prepared(m)
 
     def _on_commit_prepared(self, m: CommitPrepared) -> None:
         if m.commit_lsn < self._hwm:
@@ -1103,12 +1077,24 @@ class Assembler:
         self._advance(m.rollback_end_lsn)
 
     # -- streamed transactions -----------------------------------------------------------
-    def _new_stream(self, xid: int) -> _Txn:
+    def _stream_open(self, m: StreamStart) -> _Txn:
         live = self.caps.streaming
-        st = _Txn(xid, _STREAM, None if live else self._pool.buffer(str(xid)))
+        st = _Txn(m.xid, _STREAM, None if live else self._pool.buffer(str(m.xid)))
         st.live = live
-        self._streams[xid] = st
         return st
+
+    def _discard(self, t: _Txn, reason: Discard) -> None:
+        if t.kind != _STREAM:
+            t.close()
+            return
+        if reason == "restart":
+            log.warning(
+                "streamed transaction %d started over from its first block; dropping the "
+                "%d messages received before",
+                t.xid,
+                0 if t.buffer is None else len(t.buffer),
+            )
+        self._drop_stream(t, reason)
 
     def _drop_stream(self, st: _Txn, reason: _Reason) -> None:
         """Forget an unfinished streamed transaction; a streaming plugin is told to discard it."""
@@ -1126,33 +1112,19 @@ class Assembler:
             )
         st.close()
 
-    def _on_stream_start(self, m: StreamStart) -> None:
-        if self._cur is not None:
-            raise DecodingError(
-                f"Stream Start of xid {m.xid} while transaction {self._cur.xid} is open"
-            )
-        if m.xid in self._stream_done:
-            self._block_suppressed = m.xid  # sent again after a reconnect: already finished
-            return
-        st = self._streams.get(m.xid)
-        if m.first_segment:
-            if st is not None:
-                log.warning(
-                    "streamed transaction %d started over from its first block; dropping the "
-                    "%d messages received before",
-                    m.xid,
-                    0 if st.buffer is None else len(st.buffer),
-                )
-                del self._streams[m.xid]
-                self._drop_stream(st, "restart")
-            st = self._new_stream(m.xid)
-        elif st is None:
-            raise DecodingError(
-                f"Stream Start continues streamed transaction {m.xid}, whose first block was "
-                "not received on this connection (messages are missing)"
-            )
+    def _stream_finished(self, m: StreamStart | StreamCommit | StreamPrepare) -> bool:
+        if isinstance(m, StreamStart):
+            return m.xid in self._stream_done  # sent again after a reconnect
+        final_lsn = m.commit_lsn if isinstance(m, StreamCommit) else m.prepare_lsn
+        if (isinstance(m, StreamPrepare) and self._prepared_seen.get(m.xid) == m.prepare_lsn) or (
+            m.xid in self._stream_done or final_lsn < self._hwm
+        ):
+            self.stats.duplicates += 1
+            return True
+        return False
+
+    def _block_start(self, st: _Txn) -> None:
         st.block_pending = True
-        self._block = st
 
     def _open_block(self, st: _Txn) -> None:
         """The first message after Stream Start that is not an Origin: the block begins."""
@@ -1170,23 +1142,22 @@ class Assembler:
         assert self._cb_stream_start is not None
         self._cb_stream_start(self.ctx, st.info)
 
-    def _on_stream_stop(self, m: StreamStop) -> None:
-        if self._block_suppressed is not None:
-            self._block_suppressed = None
-            return
-        st = self._block
-        if st is None:
-            raise DecodingError("Stream Stop without a Stream Start")
+    def _block_stop(self, st: _Txn) -> None:
         self._open_block(st)
-        self._block = None
         if st.block_open:
             st.block_open = False
             assert self._cb_stream_stop is not None and st.info is not None
             self._cb_stream_stop(self.ctx, st.info)
 
-    def _abort_subxact(self, st: _Txn, subxid: int) -> _Sub | None:
+    def _mark(self, st: _Txn) -> _Sub:
+        return _Sub(
+            st.buffer.mark() if st.buffer is not None else None,
+            len(st.overlay_log),
+            st.next_position,
+        )
+
+    def _abort_subxact(self, st: _Txn, sub: _Sub | None) -> _Sub | None:
         """Drop everything from the subtransaction's first message on (worker.c)."""
-        sub = st.subxacts.abort(subxid)
         if sub is None:
             return None  # an empty subtransaction: nothing of it was streamed
         if st.buffer is not None and sub.mark is not None:
@@ -1196,14 +1167,9 @@ class Assembler:
             st.overlay = {info.relation_id: info for info in st.overlay_log}
         return sub
 
-    def _on_stream_abort(self, m: StreamAbort) -> None:
-        st = self._streams.get(m.xid)
-        if st is None:
-            log.debug("Stream Abort of xid %d/%d, which is not open: ignored", m.xid, m.subxid)
-            return
+    def _stream_abort(self, st: _Txn, m: StreamAbort, mark: _Sub | None) -> None:
         notify = st.live and st.started and not st.filtered
         if m.xid == m.subxid:
-            del self._streams[m.xid]
             self.stats.aborted += 1
             if notify:
                 assert self._cb_stream_abort is not None and st.info is not None
@@ -1215,7 +1181,7 @@ class Assembler:
             st.close()
             return
         self.stats.subtransaction_aborts += 1
-        sub = self._abort_subxact(st, m.subxid)
+        sub = self._abort_subxact(st, mark)
         if notify:
             assert self._cb_stream_abort is not None and st.info is not None
             discard_from = st.next_position if sub is None else sub.position
@@ -1225,27 +1191,18 @@ class Assembler:
                 StreamAbortInfo(m.subxid, False, discard_from, "abort", m.abort_lsn, m.abort_time),
             )
 
-    def _finished_stream(self, xid: int, final_lsn: Lsn, what: str) -> _Txn | None:
-        st = self._streams.pop(xid, None)
-        if st is None:
-            if xid in self._stream_done or final_lsn < self._hwm:
-                self.stats.duplicates += 1
-                return None
-            raise DecodingError(
-                f"{what} of xid {xid} at {final_lsn}, but no streamed block of it was received "
-                "on this connection (messages are missing)"
-            )
-        return st
-
     def _merge_overlay(self, st: _Txn) -> None:
         """The server now assumes the subscriber knows these definitions."""
         for info in st.overlay.values():
             self.relations.store(info)
 
-    def _on_stream_commit(self, m: StreamCommit) -> None:
-        st = self._finished_stream(m.xid, m.commit_lsn, "Stream Commit")
-        if st is None:
-            return
+    def _stream_end(self, st: _Txn, m: StreamCommit | StreamPrepare) -> None:
+        if isinstance(m, StreamCommit):
+            self._on_stream_commit(st, m)
+        else:
+            self._on_stream_prepare(st, m)
+
+    def _on_stream_commit(self, st: _Txn, m: StreamCommit) -> None:
         self._merge_overlay(st)
         if m.commit_lsn < self._hwm:
             self.stats.duplicates += 1
@@ -1275,15 +1232,10 @@ class Assembler:
         self._stream_done[m.xid] = m.commit_lsn
         self._advance(m.end_lsn)
 
-    def _on_stream_prepare(self, m: StreamPrepare) -> None:
+    def _on_stream_prepare(self, st: _Txn, m: StreamPrepare) -> None:
         if self._prepared_seen.get(m.xid) == m.prepare_lsn:
-            st = self._streams.pop(m.xid, None)
-            if st is not None:
-                self._drop_stream(st, "duplicate")
+            self._drop_stream(st, "duplicate")
             self.stats.duplicates += 1
-            return
-        st = self._finished_stream(m.xid, m.prepare_lsn, "Stream Prepare")
-        if st is None:
             return
         self._merge_overlay(st)
         self._stream_done[m.xid] = m.prepare_lsn
@@ -1292,12 +1244,11 @@ class Assembler:
     # -- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
         """Drop everything buffered and remove spill files."""
-        if self._cur is not None:
-            self._cur.close()
-            self._cur = None
-        for st in self._streams.values():
-            st.close()
-        self._streams.clear()
+        framer = self._framer
+        for t in [framer.current, *framer.streams()]:
+            if t is not None:
+                t.close()
+        framer.clear()
         for t in self._held.values():
             t.close()
         self._held.clear()

@@ -6,8 +6,8 @@ PostgreSQL's apply worker does exactly this with its changes file (``subxact_inf
 subtransaction sends inside a streamed block records the file's offset; "Stream Abort" of that
 subtransaction truncates the file there, dropping the later subtransactions too, since their
 messages came after. Sans-I/O: a reader says what a mark is (a spool offset and counters, a
-buffer position) and applies the truncation itself. ``pgcdc.spark.framer`` and
-``pgcdc.decoding.assembler`` both keep their streamed transactions' subtransactions here.
+buffer position) and applies the truncation itself. ``pgcdc.protocol.transactions``' framer
+keeps each open streamed transaction's subtransactions here, for every reader of a stream.
 """
 
 from __future__ import annotations

@@ -222,15 +222,19 @@ class TransactionFramer(Generic[T, M]):
         """A new connection: drop every unfinished transaction (``reader.discard``); the
         server sends them again from their start."""
         cur, streams = self._cur, list(self._streams.values())
+        self.clear()
+        if cur is not None:
+            self.reader.discard(cur, "reconnect")
+        for stream in streams:
+            self.reader.discard(stream.txn, "reconnect")
+
+    def clear(self) -> None:
+        """Forget every unfinished transaction without telling the reader."""
         self._cur = None
         self._block = None
         self._skipping = False
         self._streams.clear()
         self.decoder.reset()
-        if cur is not None:
-            self.reader.discard(cur, "reconnect")
-        for stream in streams:
-            self.reader.discard(stream.txn, "reconnect")
 
     # -- feeding -----------------------------------------------------------------------------
     def feed(self, payload: bytes, position: int) -> None:
