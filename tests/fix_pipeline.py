@@ -1,5 +1,6 @@
-"""A pipeline's continuous run in a background thread, as the tests that disturb a running
-pipeline (network cuts, server restarts, dropped publications, schema changes) need it."""
+"""A pipeline's run in a background thread, as the tests that disturb a running pipeline
+(network cuts, server restarts, dropped publications, schema changes, a second process on the
+lake) need it: the one helper for it."""
 
 from __future__ import annotations
 
@@ -8,29 +9,39 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pgcdc.lake.pipeline import Pipeline
+from pgcdc.lake.pipeline import Pipeline, RunResult
 
 
 class Background:
-    """``pipeline.run()`` (continuous) in a thread: what it raised (``failures``), whether it
-    started, and ``stop``, which the fixture also calls at teardown."""
+    """``pipeline.run()`` in a thread (continuous, or ``until_caught_up``): what it returned
+    (``result``) or raised (``failures``), whether its stream started, and ``stop``, which the
+    fixture also calls at teardown."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, *, until_caught_up: bool = False) -> None:
         self.pipeline = pipeline
+        self.until_caught_up = until_caught_up
+        self.result: RunResult | None = None
         self.failures: list[BaseException] = []
         self.started = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         try:
-            self.pipeline.run(on_started=lambda _p: self.started.set())
+            self.result = self.pipeline.run(
+                until_caught_up=self.until_caught_up, on_started=lambda _p: self.started.set()
+            )
         except BaseException as exc:
             self.failures.append(exc)
         self.started.set()
 
+    def launch(self) -> Background:
+        """Start the run and return at once (a test that holds it before its stream starts)."""
+        self.thread.start()
+        return self
+
     def start(self, timeout: float = 300) -> Background:
         """Start the run; return once its stream started (failing the test if it did not)."""
-        self.thread.start()
+        self.launch()
         started = self.started.wait(timeout)
         causes = [str(f.__cause__ or f)[:3000] for f in self.failures]
         assert started and not self.failures, causes
@@ -49,12 +60,13 @@ class Background:
 
 
 @pytest.fixture
-def background() -> Iterator[Callable[[Pipeline], Background]]:
-    """``background(pipeline)``: a ``Background`` of it, stopped at teardown."""
+def background() -> Iterator[Callable[..., Background]]:
+    """``background(pipeline, until_caught_up=False)``: a ``Background`` of it, stopped at
+    teardown."""
     runs: list[Background] = []
 
-    def make(pipeline: Pipeline) -> Background:
-        run = Background(pipeline)
+    def make(pipeline: Pipeline, *, until_caught_up: bool = False) -> Background:
+        run = Background(pipeline, until_caught_up=until_caught_up)
         runs.append(run)
         return run
 

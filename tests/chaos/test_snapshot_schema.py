@@ -14,8 +14,8 @@ widened values intact) and the history's current versions equal the mirror.
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import pytest
 from pgcdc.lake.pipeline import Pipeline, PipelineError, RunResult
 from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase, newest_server
+from tests.fix_pipeline import Background
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 
 pytestmark = pytest.mark.slow
@@ -56,33 +57,34 @@ def _copy_running(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
     return bool(rows[0][0])
 
 
-def _first_run_seen_copying(
-    pg: PgDatabase, pipeline: Pipeline
-) -> tuple[threading.Thread, list[RunResult | BaseException]]:
-    """``pipeline.run(until_caught_up=True)`` in a thread, returned once one of its copy's
-    ranges is being copied; the list gets what the run returned or raised."""
-    outcome: list[RunResult | BaseException] = []
-
-    def run() -> None:
-        try:
-            outcome.append(pipeline.run(until_caught_up=True))
-        except BaseException as exc:  # reported by the caller
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
+def _first_run_seen_copying(pg: PgDatabase, run: Background) -> Background:
+    """``run`` (``until_caught_up``) launched, returned once one of its copy's ranges is being
+    copied."""
+    run.launch()
     deadline = time.monotonic() + 240
     with pg.connect() as watcher:
         while not _copy_running(watcher):
-            assert thread.is_alive() and time.monotonic() < deadline, f"no copy seen: {outcome}"
+            alive = run.thread.is_alive()
+            assert alive and time.monotonic() < deadline, f"no copy seen: {run.failures}"
             time.sleep(0.002)
-    return thread, outcome
+    return run
+
+
+def _ended(run: Background) -> RunResult | BaseException:
+    """What the first run returned or raised, once it ended."""
+    assert run.join(600)
+    assert run.failures or run.result is not None
+    return run.failures[0] if run.failures else run.result  # type: ignore[return-value]
 
 
 @pytest.mark.parametrize("ddl", [(ADD, DROP, WIDEN), (WIDEN, ADD)], ids=["drop", "rewrite"])
 @newest_server
 def test_schema_changes_during_the_initial_copy(
-    pg: PgDatabase, spark: Any, tmp_path: Path, ddl: tuple[str, ...]
+    pg: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    ddl: tuple[str, ...],
+    background: Callable[..., Background],
 ) -> None:
     pg.execute("CREATE TABLE big (id int PRIMARY KEY, n int NOT NULL, doomed text, payload text)")
     pg.execute(
@@ -95,20 +97,21 @@ def test_schema_changes_during_the_initial_copy(
         [{"name": "big", "history": True}],
         stream={"snapshot_partitions_per_table": 24},
     )
-    thread, outcome = _first_run_seen_copying(pg, Pipeline(config, spark=spark))
+    first = _first_run_seen_copying(
+        pg, background(Pipeline(config, spark=spark), until_caught_up=True)
+    )
     started = time.monotonic()
     for statement in ddl:  # each waits for the copy's ACCESS SHARE locks of the moment
         pg.execute(statement)
     ddl_done = time.monotonic()
     for statement, params in DML:
         pg.execute(statement, params)
-    thread.join(600)
-    assert not thread.is_alive() and len(outcome) == 1
-    print(f"DDL waited {ddl_done - started:.2f} s; first run: {outcome[0]!r}")
-    if isinstance(outcome[0], BaseException):
+    outcome = _ended(first)
+    print(f"DDL waited {ddl_done - started:.2f} s; first run: {outcome!r}")
+    if isinstance(outcome, BaseException):
         # a failed copy must say so clearly, and the next start copies again
-        assert isinstance(outcome[0], PipelineError), outcome[0]
-        assert "copy" in str(outcome[0]) and "again" in str(outcome[0]), outcome[0]
+        assert isinstance(outcome, PipelineError), outcome
+        assert "copy" in str(outcome) and "again" in str(outcome), outcome
     pipeline = Pipeline(config, spark=spark)
     pipeline.run(until_caught_up=True)
     assert_equal(pipeline)
@@ -125,7 +128,11 @@ def test_schema_changes_during_the_initial_copy(
 @pytest.mark.parametrize("rewrite", ["VACUUM FULL big", "CLUSTER big USING big_pkey"])
 @newest_server
 def test_a_rewrite_without_column_changes_during_the_initial_copy(
-    pg: PgDatabase, spark: Any, tmp_path: Path, rewrite: str
+    pg: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    rewrite: str,
+    background: Callable[..., Background],
 ) -> None:
     """``VACUUM FULL`` and ``CLUSTER`` keep every row visible to the snapshot but move them: the
     copy's page ranges read after the rewrite missed the rows moved into pages read before it
@@ -140,15 +147,16 @@ def test_a_rewrite_without_column_changes_during_the_initial_copy(
         [{"name": "big", "history": True}],
         stream={"snapshot_partitions_per_table": 24},
     )
-    thread, outcome = _first_run_seen_copying(pg, Pipeline(config, spark=spark))
+    first = _first_run_seen_copying(
+        pg, background(Pipeline(config, spark=spark), until_caught_up=True)
+    )
     pg.execute(rewrite)  # waits for the range being copied
     pg.execute("UPDATE big SET n = -n WHERE id % 1000 = 1")
-    thread.join(600)
-    assert not thread.is_alive() and len(outcome) == 1
-    print(f"first run: {outcome[0]!r}")
-    if isinstance(outcome[0], BaseException):
-        assert isinstance(outcome[0], PipelineError), outcome[0]
-        assert "rewritten" in str(outcome[0]) and "copy again" in str(outcome[0]), outcome[0]
+    outcome = _ended(first)
+    print(f"first run: {outcome!r}")
+    if isinstance(outcome, BaseException):
+        assert isinstance(outcome, PipelineError), outcome
+        assert "rewritten" in str(outcome) and "copy again" in str(outcome), outcome
     pipeline = Pipeline(config, spark=spark)
     pipeline.run(until_caught_up=True)
     assert_equal(pipeline)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from pgcdc.cli import main
 from pgcdc.lake.state import RUN_LOCK, PipelineState, load_state, save_state
 from pgcdc.lake.tables import LakeLayout
 from tests.fix_pg import PgDatabase, newest_server
+from tests.fix_pipeline import Background
 from tests.lake.test_status import write_config
 
 
@@ -198,7 +200,11 @@ def test_drop_force_under_a_running_pipeline_names_the_pipeline_fix(
 @pytest.mark.slow
 @newest_server
 def test_a_lake_in_use_refuses_a_second_run_and_drop(
-    pg: PgDatabase, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    pg: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    background: Callable[..., Background],
 ) -> None:
     """Nothing held a lake for its run. During a first run's initial copy (its slot idle), a
     second run took the copy for an abandoned one: it dropped the slot, deleted the tables
@@ -228,19 +234,9 @@ def test_a_lake_in_use_refuses_a_second_run_and_drop(
     config = load_config(path)
     hold = HoldTheCopy()
     first = Pipeline(config, spark=spark, observer=hold)
-    outcome: list[BaseException | None] = []
-
-    def run_first() -> None:
-        try:
-            first.run(until_caught_up=True)
-            outcome.append(None)
-        except BaseException as exc:  # reported below
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run_first, daemon=True)
-    thread.start()
+    run = background(first, until_caught_up=True).launch()
     try:
-        assert hold.copying.wait(300), outcome
+        assert hold.copying.wait(300), run.failures
         before = load_state(first.layout)
         started = time.monotonic()
         with pytest.raises(StateError, match=r"is in use by pgcdc run \(pid \d+"):
@@ -252,8 +248,8 @@ def test_a_lake_in_use_refuses_a_second_run_and_drop(
         assert slots(pg) == ["ops_slot"] and load_state(first.layout) == before
     finally:
         hold.release.set()
-        thread.join(300)
-    assert outcome == [None]
+        run.join(300)
+    assert run.result is not None and not run.failures, run.failures
     state = load_state(first.layout)
     assert state is not None and state.generation == 1 and state.snapshot_done
     assert main(["drop", "--config", str(path), "--yes"]) == 0  # the lake is free again

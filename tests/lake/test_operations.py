@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import logging
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from pgcdc.lake.config import load_config
 from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lsn import Lsn
 from tests.fix_pg import PgDatabase, newest_server
+from tests.fix_pipeline import Background
 from tests.lake.test_drop import lake_files
 from tests.lake.test_status import write_config
 
@@ -55,7 +55,9 @@ def confirmed(pg: PgDatabase) -> Lsn:
 
 @pytest.mark.slow
 @newest_server
-def test_metrics_and_heartbeats_while_running(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
+def test_metrics_and_heartbeats_while_running(
+    pg: PgDatabase, spark: Any, tmp_path: Path, background: Callable[..., Background]
+) -> None:
     pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int)")
     pg.execute("INSERT INTO items SELECT g, g FROM generate_series(1, 10) g")
     port = free_port()
@@ -69,20 +71,8 @@ def test_metrics_and_heartbeats_while_running(pg: PgDatabase, spark: Any, tmp_pa
         )
     )
     pipeline = Pipeline(config, spark=spark)
-    started = threading.Event()
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            pipeline.run(on_started=lambda _p: started.set())
-        except BaseException as exc:
-            failure.append(exc)
-            started.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    run = background(pipeline).start()
     try:
-        assert started.wait(300) and not failure, failure
         assert pipeline.metrics_port == port
         pg.execute("INSERT INTO items VALUES (11, 1), (12, 2), (13, 3)")
         pg.execute("UPDATE items SET qty = -qty WHERE id IN (1, 2)")
@@ -119,9 +109,8 @@ def test_metrics_and_heartbeats_while_running(pg: PgDatabase, spark: Any, tmp_pa
         assert pipeline.heartbeat is not None and pipeline.heartbeat.beats >= 2
         assert pipeline.monitor is not None and pipeline.monitor.checks >= 2
     finally:
-        pipeline.stop()
-        thread.join(120)
-    assert not thread.is_alive() and not failure, failure
+        run.stop(120)
+    assert not run.thread.is_alive() and not run.failures, run.failures
     with pytest.raises(OSError):  # the endpoint is gone with the run
         scrape(port)
 
