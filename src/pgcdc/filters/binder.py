@@ -12,7 +12,6 @@ message), pointing at the same token.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Sequence
 from dataclasses import replace
@@ -59,6 +58,7 @@ from pgcdc.filters.resolution import (
     select_common_type,
     try_common_type,
 )
+from pgcdc.filters.visitor import Visitor, visits
 from pgcdc.protocol.messages import Relation
 
 __all__ = [
@@ -169,7 +169,7 @@ def children(node: Bound) -> list[Bound]:
     return []
 
 
-class Binder:
+class Binder(Visitor[ast.Expr, Bound]):
     """Binds expressions to one relation (its pgoutput Relation message)."""
 
     def __init__(self, relation: Relation) -> None:
@@ -178,16 +178,14 @@ class Binder:
 
     # -- entry point --------------------------------------------------------------------------
     def bind(self, expr: ast.Expr) -> Bound:
-        node = self.expr(expr)
+        node = self.visit(expr)
         return self.coerce_to_boolean(node, "PUBLICATION WHERE")
 
     # -- dispatch -----------------------------------------------------------------------------
-    @functools.singledispatchmethod
-    def expr(self, node: ast.Expr) -> Bound:
-        """Bind one node: the handler registered for its type (below)."""
+    def generic_visit(self, node: ast.Expr) -> Bound:
         raise TypeError(f"no binding for a {type(node).__name__} node")  # a parser bug
 
-    @expr.register
+    @visits
     def _ColumnRef(self, node: ast.ColumnRef) -> Bound:
         names = node.names
         rel = self.relation
@@ -218,7 +216,7 @@ class Binder:
             f'column "{name}" does not exist', sqlstate="42703", position=_pos(node.pos)
         )
 
-    @expr.register
+    @visits
     def _NumberLiteral(self, node: ast.NumberLiteral) -> Bound:
         text = node.text
         if _INTEGER_RE.match(text):
@@ -229,36 +227,36 @@ class Binder:
                 return Const(value, pg_builtins.INT8, -1, node.pos)
         return Const(numeric.parse(text), pg_builtins.NUMERIC, -1, node.pos)
 
-    @expr.register
+    @visits
     def _StringLiteral(self, node: ast.StringLiteral) -> Bound:
         return Const(node.value, UNKNOWN, -1, node.pos)
 
-    @expr.register
+    @visits
     def _NullLiteral(self, node: ast.NullLiteral) -> Bound:
         return Const(None, UNKNOWN, -1, node.pos)
 
-    @expr.register
+    @visits
     def _BoolLiteral(self, node: ast.BoolLiteral) -> Bound:
         return Const(node.value, BOOL, -1, node.pos)
 
-    @expr.register
+    @visits
     def _TypedLiteral(self, node: ast.TypedLiteral) -> Bound:
         target, typmod = self.resolve_type(node.type)
         const = Const(node.value, UNKNOWN, -1, node.pos)
         return self.coerce(const, target, typmod, CoercionContext.EXPLICIT, node.pos)
 
-    @expr.register
+    @visits
     def _TypeCast(self, node: ast.TypeCast) -> Bound:
-        arg = self.expr(node.arg)
+        arg = self.visit(node.arg)
         location = leftmost(node.pos, arg.location)
         target, typmod = self.resolve_type(node.type, location)
         if isinstance(arg, Const) and arg.type == UNKNOWN:
             return self.coerce(arg, target, typmod, CoercionContext.EXPLICIT, location)
         return self.coerce(arg, target, typmod, CoercionContext.EXPLICIT, location, explicit=True)
 
-    @expr.register
+    @visits
     def _Collate(self, node: ast.Collate) -> Bound:
-        arg = self.expr(node.arg)
+        arg = self.visit(node.arg)
         entry = pg_builtins.type_entry(arg.type)
         if arg.type != UNKNOWN and (entry is None or not entry.collatable):
             raise InvalidFilterError(
@@ -276,18 +274,18 @@ class Binder:
             )
         return CollateExpr(arg, name, schema, arg.type, arg.typmod, arg.location, node.pos)
 
-    @expr.register
+    @visits
     def _OpExpr(self, node: ast.OpExpr) -> Bound:
-        right = self.expr(node.right)
-        left = None if node.left is None else self.expr(node.left)
+        right = self.visit(node.right)
+        left = None if node.left is None else self.visit(node.left)
         return self.make_op(node.op, left, right, node.pos, node.schema)
 
-    @expr.register
+    @visits
     def _BoolOp(self, node: ast.BoolOp) -> Bound:
         name = node.kind.upper()
         args: list[Bound] = []
         for arg in self._flatten(node):
-            args.append(self.coerce_to_boolean(self.expr(arg), name))
+            args.append(self.coerce_to_boolean(self.visit(arg), name))
         return BoolExpr(node.kind, tuple(args), leftmost(node.pos, *(a.location for a in args)))
 
     def _flatten(self, node: ast.BoolOp) -> list[ast.Expr]:
@@ -299,31 +297,31 @@ class Binder:
                 out.append(arg)
         return out
 
-    @expr.register
+    @visits
     def _Not(self, node: ast.Not) -> Bound:
-        arg = self.coerce_to_boolean(self.expr(node.arg), "NOT")
+        arg = self.coerce_to_boolean(self.visit(node.arg), "NOT")
         return BoolExpr("not", (arg,), leftmost(node.pos, arg.location))
 
-    @expr.register
+    @visits
     def _NullTest(self, node: ast.NullTest) -> Bound:
-        arg = self.expr(node.arg)
+        arg = self.visit(node.arg)
         return NullTest(arg, node.negated, leftmost(node.pos, arg.location))
 
-    @expr.register
+    @visits
     def _BooleanTest(self, node: ast.BooleanTest) -> Bound:
         what = f"IS {'NOT ' if node.negated else ''}{node.value.upper()}"
-        arg = self.coerce_to_boolean(self.expr(node.arg), what)
+        arg = self.coerce_to_boolean(self.visit(node.arg), what)
         kind = f"is_{'not_' if node.negated else ''}{node.value}"
         return BooleanTest(arg, kind, leftmost(node.pos, arg.location))
 
-    @expr.register
+    @visits
     def _Distinct(self, node: ast.Distinct) -> Bound:
         for null_side, other in ((node.right, node.left), (node.left, node.right)):
             if isinstance(null_side, ast.NullLiteral):
-                arg = self.expr(other)
+                arg = self.visit(other)
                 return NullTest(arg, not node.negated, node.pos)
-        left = self.expr(node.left)
-        right = self.expr(node.right)
+        left = self.visit(node.left)
+        right = self.visit(node.right)
         eq = self.make_op("=", left, right, node.pos)
         assert isinstance(eq, Call)
         if eq.type != BOOL:
@@ -337,7 +335,7 @@ class Binder:
             return BoolExpr("not", (distinct,), leftmost(node.pos, distinct.location))
         return distinct
 
-    @expr.register
+    @visits
     def _Between(self, node: ast.Between) -> Bound:
         a, b, c, pos = node.arg, node.low, node.high, node.pos
 
@@ -357,14 +355,14 @@ class Binder:
             sub1 = ast.BoolOp("or", (op("<", a, b), op(">", a, c)), pos)
             sub2 = ast.BoolOp("or", (op("<", a, c), op(">", a, b)), pos)
             rewritten = ast.BoolOp("and", (sub1, sub2), pos)
-        return self.expr(rewritten)
+        return self.visit(rewritten)
 
-    @expr.register
+    @visits
     def _InList(self, node: ast.InList) -> Bound:
         use_or = not node.negated
         opname = "<>" if node.negated else "="
-        lexpr = self.expr(node.arg)
-        rexprs = [self.expr(item) for item in node.items]
+        lexpr = self.visit(node.arg)
+        rexprs = [self.visit(item) for item in node.items]
         rvars = [r for r in rexprs if contains_var(r)]
         rnonvars = [r for r in rexprs if not contains_var(r)]
         result: Bound | None = None
@@ -395,11 +393,11 @@ class Binder:
         assert result is not None
         return result
 
-    @expr.register
+    @visits
     def _QuantifiedOp(self, node: ast.QuantifiedOp) -> Bound:
         if node.schema not in (None, "pg_catalog"):
             raise _walker_error("User-defined operators are not allowed.", node.pos)
-        left = self.expr(node.left)
+        left = self.visit(node.left)
         if not isinstance(node.array, ast.ArrayLiteral):
             raise UnsupportedFilterError(
                 f"{node.op} {node.quantifier.upper()} (...) is supported in client-side row "
@@ -411,7 +409,7 @@ class Binder:
         return self.make_scalar_array_op(node.op, node.quantifier == "any", left, array, node.pos)
 
     def _array(self, node: ast.ArrayLiteral) -> ArrayExpr:
-        elements = [self.expr(e) for e in node.items]
+        elements = [self.visit(e) for e in node.items]
         if not elements:
             raise InvalidFilterError(
                 "cannot determine type of empty array",
@@ -432,7 +430,7 @@ class Binder:
         coerced = tuple(self.coerce_to_common(e, common, "ARRAY") for e in elements)
         return ArrayExpr(coerced, common, node.pos, entry.array)
 
-    @expr.register
+    @visits
     def _ArrayLiteral(self, node: ast.ArrayLiteral) -> Bound:
         raise UnsupportedFilterError(
             "array values are not supported in client-side row filters (only as "
@@ -441,7 +439,7 @@ class Binder:
             position=_pos(node.pos),
         )
 
-    @expr.register
+    @visits
     def _Like(self, node: ast.Like) -> Bound:
         opname = ("!" if node.negated else "") + ("~~*" if node.case_insensitive else "~~")
         pattern = node.pattern
@@ -449,28 +447,28 @@ class Binder:
             pattern = ast.FuncCall(
                 ("pg_catalog", "like_escape"), (node.pattern, node.escape), node.pos
             )
-        return self.expr(ast.OpExpr(opname, node.arg, pattern, node.pos))
+        return self.visit(ast.OpExpr(opname, node.arg, pattern, node.pos))
 
-    @expr.register
+    @visits
     def _Case(self, node: ast.Case) -> Bound:
         arg: Bound | None = None
         placeholder: CaseTestExpr | None = None
         if node.operand is not None:
-            arg = self.expr(node.operand)
+            arg = self.visit(node.operand)
             if arg.type == UNKNOWN:
                 arg = self.coerce_to_common(arg, TEXT, "CASE")
             placeholder = CaseTestExpr(arg.type, arg.typmod)
         whens: list[tuple[Bound, Bound]] = []
         for cond_ast, result_ast in node.whens:
             if placeholder is not None:
-                value = self.expr(cond_ast)
+                value = self.visit(cond_ast)
                 cond = self.make_op("=", placeholder, value, cond_ast_pos(cond_ast))
             else:
-                cond = self.expr(cond_ast)
+                cond = self.visit(cond_ast)
             cond = self.coerce_to_boolean(cond, "CASE/WHEN")
-            whens.append((cond, self.expr(result_ast)))
+            whens.append((cond, self.visit(result_ast)))
         default = (
-            self.expr(node.default) if node.default is not None else Const(None, UNKNOWN, -1, -1)
+            self.visit(node.default) if node.default is not None else Const(None, UNKNOWN, -1, -1)
         )
         results = [default] + [r for _, r in whens]
         ptype = select_common_type([r.type for r in results], [r.location for r in results], "CASE")
@@ -479,17 +477,17 @@ class Binder:
         typmod = _common_typmod([default] + [r for _, r in whens])
         return CaseExpr(arg, tuple(whens), default, ptype, typmod, node.pos)
 
-    @expr.register
+    @visits
     def _Coalesce(self, node: ast.Coalesce) -> Bound:
-        args = [self.expr(a) for a in node.args]
+        args = [self.visit(a) for a in node.args]
         ptype = select_common_type([a.type for a in args], [a.location for a in args], "COALESCE")
         coerced = tuple(self.coerce_to_common(a, ptype, "COALESCE") for a in args)
         return CoalesceExpr(coerced, ptype, _common_typmod(coerced), node.pos)
 
-    @expr.register
+    @visits
     def _MinMax(self, node: ast.MinMax) -> Bound:
         what = node.kind.upper()
-        args = [self.expr(a) for a in node.args]
+        args = [self.visit(a) for a in node.args]
         ptype = select_common_type([a.type for a in args], [a.location for a in args], what)
         coerced = tuple(self.coerce_to_common(a, ptype, what) for a in args)
         family = _BTREE_COMPARE.get(ptype)
@@ -498,10 +496,10 @@ class Binder:
                        "i", True, -1)  # fmt: skip
         return MinMaxExpr(node.kind, coerced, compare, ptype, _common_typmod(coerced), node.pos)
 
-    @expr.register
+    @visits
     def _NullIf(self, node: ast.NullIf) -> Bound:
-        left = self.expr(node.left)
-        right = self.expr(node.right)
+        left = self.visit(node.left)
+        right = self.visit(node.right)
         eq = self.make_op("=", left, right, node.pos)
         assert isinstance(eq, Call)
         if eq.type != BOOL:
@@ -513,26 +511,26 @@ class Binder:
         first = eq.args[0]
         return NullIfExpr(eq, first.type, first.typmod, leftmost(node.pos, eq.location))
 
-    @expr.register
+    @visits
     def _SpecialValue(self, node: ast.SpecialValue) -> Bound:
         return SQLValueFunction(node.name, _SQL_VALUE_TYPES.get(node.name, TEXT), node.pos)
 
-    @expr.register
+    @visits
     def _Subquery(self, node: ast.Subquery) -> Bound:
         location = node.pos
         if node.arg is not None:
-            arg = self.expr(node.arg)
+            arg = self.visit(node.arg)
             location = leftmost(location, arg.location)
         # a scalar sub-SELECT's type is not known here: typed by its context (it is refused
         # by the row filter rules anyway)
         return SubLink(location, UNKNOWN if node.kind == "expr" else BOOL)
 
-    @expr.register
+    @visits
     def _FuncCall(self, node: ast.FuncCall) -> Bound:
         name = node.names[-1]
         schema = node.names[0] if len(node.names) > 1 else None
         self._check_aggregate_syntax(node, name)
-        args = [self.expr(a) for a in node.args]
+        args = [self.visit(a) for a in node.args]
         location = leftmost(node.pos, *(a.location for a in args))
         if schema not in (None, "pg_catalog"):
             raise _walker_error(MUTABLE_DETAIL, location)

@@ -15,7 +15,7 @@ Values are in ``pgcdc.filters.datums``' representation; None is NULL.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from pgcdc.filters.bound import (
     ArrayExpr,
@@ -37,13 +37,14 @@ from pgcdc.filters.bound import (
     ScalarArrayOpExpr,
     Var,
 )
+from pgcdc.filters.visitor import Visitor, visits
 
 __all__ = ["Evaluator", "Row", "evaluate"]
 
 Row = Sequence[object]
 
 
-class Evaluator:
+class Evaluator(Visitor[Bound, object]):
     """Evaluates bound expressions; ``row[var.index]`` is each column's value."""
 
     __slots__ = ("_case_values", "row")
@@ -53,42 +54,49 @@ class Evaluator:
         self._case_values: list[object] = []
 
     def eval(self, node: Bound) -> object:
-        method: Callable[[Evaluator, Bound], object] = _DISPATCH[type(node)]
-        return method(self, node)
+        """The value of ``node`` for this row (None is NULL)."""
+        return self.visit(node)
 
+    @visits
     def var(self, node: Var) -> object:
         return self.row[node.index]
 
+    @visits
     def const(self, node: Const) -> object:
         return node.value
 
+    @visits
     def error(self, node: ErrorExpr) -> object:
         raise node.error.copy()
 
+    @visits
     def call(self, node: Call) -> object:
-        args = [self.eval(a) for a in node.args]
+        args = [self.visit(a) for a in node.args]
         return apply(node, args)
 
+    @visits
     def bool_expr(self, node: BoolExpr) -> object:
         if node.kind == "not":
-            value = self.eval(node.args[0])
+            value = self.visit(node.args[0])
             return None if value is None else not value
         stop = node.kind == "or"
         saw_null = False
         for arg in node.args:
-            value = self.eval(arg)
+            value = self.visit(arg)
             if value is None:
                 saw_null = True
             elif value is stop:
                 return stop
         return None if saw_null else not stop
 
+    @visits
     def null_test(self, node: NullTest) -> object:
-        value = self.eval(node.arg)
+        value = self.visit(node.arg)
         return (value is not None) if node.negated else (value is None)
 
+    @visits
     def boolean_test(self, node: BooleanTest) -> object:
-        value = self.eval(node.arg)
+        value = self.visit(node.arg)
         kind = node.kind
         if kind == "is_true":
             return value is True
@@ -102,24 +110,28 @@ class Evaluator:
             return value is None
         return value is not None
 
+    @visits
     def distinct(self, node: DistinctExpr) -> object:
-        left, right = (self.eval(a) for a in node.eq.args)
+        left, right = (self.visit(a) for a in node.eq.args)
         if left is None or right is None:
             return (left is None) != (right is None)
         return not apply(node.eq, [left, right])
 
+    @visits
     def nullif(self, node: NullIfExpr) -> object:
-        left, right = (self.eval(a) for a in node.eq.args)
+        left, right = (self.visit(a) for a in node.eq.args)
         if left is not None and right is not None and apply(node.eq, [left, right]):
             return None
         return left
 
+    @visits
     def array(self, node: ArrayExpr) -> object:
-        return [self.eval(e) for e in node.elements]
+        return [self.visit(e) for e in node.elements]
 
+    @visits
     def scalar_array_op(self, node: ScalarArrayOpExpr) -> object:
-        scalar = self.eval(node.left)
-        elements = self.eval(node.array)
+        scalar = self.visit(node.left)
+        elements = self.visit(node.array)
         if elements is None:
             return None
         assert isinstance(elements, list)
@@ -141,35 +153,39 @@ class Evaluator:
                 return use_or
         return None if saw_null else not use_or
 
+    @visits
     def case(self, node: CaseExpr) -> object:
         pushed = node.arg is not None
         if node.arg is not None:
-            self._case_values.append(self.eval(node.arg))
+            self._case_values.append(self.visit(node.arg))
         try:
             for cond, result in node.whens:
-                if self.eval(cond) is True:
-                    return self.eval(result)
-            return self.eval(node.default)
+                if self.visit(cond) is True:
+                    return self.visit(result)
+            return self.visit(node.default)
         finally:
             if pushed:
                 self._case_values.pop()
 
+    @visits
     def case_test(self, node: CaseTestExpr) -> object:
         return self._case_values[-1]
 
+    @visits
     def coalesce(self, node: CoalesceExpr) -> object:
         for arg in node.args:
-            value = self.eval(arg)
+            value = self.visit(arg)
             if value is not None:
                 return value
         return None
 
+    @visits
     def min_max(self, node: MinMaxExpr) -> object:
         compare = node.compare.fn
         assert compare is not None
         result: object = None
         for arg in node.args:
-            value = self.eval(arg)
+            value = self.visit(arg)
             if value is None:
                 continue
             if result is None:
@@ -181,29 +197,9 @@ class Evaluator:
                 result = value
         return result
 
+    @visits
     def relabel(self, node: RelabelType | CollateExpr) -> object:
-        return self.eval(node.arg)
-
-
-_DISPATCH: dict[type, Callable[[Evaluator, Bound], object]] = {
-    Var: Evaluator.var,  # type: ignore[dict-item]
-    Const: Evaluator.const,  # type: ignore[dict-item]
-    Call: Evaluator.call,  # type: ignore[dict-item]
-    BoolExpr: Evaluator.bool_expr,  # type: ignore[dict-item]
-    NullTest: Evaluator.null_test,  # type: ignore[dict-item]
-    BooleanTest: Evaluator.boolean_test,  # type: ignore[dict-item]
-    DistinctExpr: Evaluator.distinct,  # type: ignore[dict-item]
-    NullIfExpr: Evaluator.nullif,  # type: ignore[dict-item]
-    ScalarArrayOpExpr: Evaluator.scalar_array_op,  # type: ignore[dict-item]
-    ArrayExpr: Evaluator.array,  # type: ignore[dict-item]
-    CaseExpr: Evaluator.case,  # type: ignore[dict-item]
-    CaseTestExpr: Evaluator.case_test,  # type: ignore[dict-item]
-    CoalesceExpr: Evaluator.coalesce,  # type: ignore[dict-item]
-    MinMaxExpr: Evaluator.min_max,  # type: ignore[dict-item]
-    RelabelType: Evaluator.relabel,  # type: ignore[dict-item]
-    CollateExpr: Evaluator.relabel,  # type: ignore[dict-item]
-    ErrorExpr: Evaluator.error,  # type: ignore[dict-item]
-}
+        return self.visit(node.arg)
 
 
 def apply(node: Call, args: list[object]) -> object:

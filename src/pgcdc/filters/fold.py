@@ -16,7 +16,6 @@ it): ``fold`` returns an ``ErrorExpr`` then. ``1/0 = 1 OR a > 0`` therefore alwa
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 from pgcdc.filters.bound import (
@@ -40,6 +39,7 @@ from pgcdc.filters.bound import (
 )
 from pgcdc.filters.errors import FilterEvaluationError
 from pgcdc.filters.evaluate import Evaluator
+from pgcdc.filters.visitor import Visitor, visits
 
 __all__ = ["fold"]
 
@@ -49,7 +49,7 @@ _BOOL = 16
 def fold(node: Bound) -> Bound:
     """The folded expression, or an ErrorExpr if folding raised."""
     try:
-        return _Folder().fold(node)
+        return _Folder().visit(node)
     except FilterEvaluationError as exc:
         return ErrorExpr(exc, node.type, node.location)
 
@@ -58,7 +58,7 @@ def _is_const(node: Bound) -> bool:
     return isinstance(node, Const)
 
 
-class _Folder:
+class _Folder(Visitor[Bound, Bound]):
     __slots__ = ("case_value",)
 
     def __init__(self) -> None:
@@ -70,14 +70,13 @@ class _Folder:
     def _evaluate(self, node: Bound) -> Const:
         return self._const(node, Evaluator(()).eval(node))
 
-    # -- dispatch: one handler per node type; leaves (Const, Var, Param, ...) stay as they are
-    @functools.singledispatchmethod
-    def fold(self, node: Bound) -> Bound:
+    # -- one handler per node type; leaves (Const, Var, Param, ...) stay as they are
+    def generic_visit(self, node: Bound) -> Bound:
         return node
 
-    @fold.register
+    @visits
     def _call(self, node: Call) -> Bound:
-        args = tuple(self.fold(a) for a in node.args)
+        args = tuple(self.visit(a) for a in node.args)
         node = replace(node, args=args)
         if node.strict and any(isinstance(a, Const) and a.value is None for a in args):
             return self._const(node, None)
@@ -85,25 +84,25 @@ class _Folder:
             return self._evaluate(node)
         return node
 
-    @fold.register
+    @visits
     def _bool(self, node: BoolExpr) -> Bound:
         if node.kind == "not":
-            arg = self.fold(node.args[0])
+            arg = self.visit(node.args[0])
             if isinstance(arg, Const):
                 return self._const(node, None if arg.value is None else not arg.value)
             return replace(node, args=(arg,))
         return self._and_or(node)
 
-    @fold.register
+    @visits
     def _test(self, node: NullTest | BooleanTest) -> Bound:
-        arg = self.fold(node.arg)
+        arg = self.visit(node.arg)
         folded = replace(node, arg=arg)
         return self._evaluate(folded) if isinstance(arg, Const) else folded
 
-    @fold.register
+    @visits
     def _distinct(self, node: DistinctExpr | NullIfExpr) -> Bound:
         eq = node.eq
-        args = tuple(self.fold(a) for a in eq.args)
+        args = tuple(self.visit(a) for a in eq.args)
         folded = replace(node, eq=replace(eq, args=args))
         if isinstance(node, NullIfExpr):
             # either argument NULL: they cannot be equal, the result is the first one
@@ -112,10 +111,10 @@ class _Folder:
                     return args[0]
         return self._evaluate(folded) if all(_is_const(a) for a in args) else folded
 
-    @fold.register
+    @visits
     def _any_all(self, node: ScalarArrayOpExpr) -> Bound:
-        left = self.fold(node.left)
-        array = self.fold(node.array)
+        left = self.visit(node.left)
+        array = self.visit(node.array)
         folded = replace(node, left=left, array=array)
         if (
             _is_const(left)
@@ -125,23 +124,23 @@ class _Folder:
             return self._evaluate(folded)
         return folded
 
-    @fold.register
+    @visits
     def _array(self, node: ArrayExpr) -> Bound:
-        return replace(node, elements=tuple(self.fold(e) for e in node.elements))
+        return replace(node, elements=tuple(self.visit(e) for e in node.elements))
 
-    @fold.register
+    @visits
     def _case_test(self, node: CaseTestExpr) -> Bound:
         return self.case_value if self.case_value is not None else node
 
-    @fold.register
+    @visits
     def _min_max(self, node: MinMaxExpr) -> Bound:
-        args = tuple(self.fold(a) for a in node.args)
+        args = tuple(self.visit(a) for a in node.args)
         folded = replace(node, args=args)
         return self._evaluate(folded) if all(_is_const(a) for a in args) else folded
 
-    @fold.register
+    @visits
     def _relabel(self, node: RelabelType | CollateExpr) -> Bound:
-        arg = self.fold(node.arg)
+        arg = self.visit(node.arg)
         if isinstance(arg, Const):
             return Const(arg.value, node.type, node.typmod, arg.location)
         return replace(node, arg=arg)
@@ -156,7 +155,7 @@ class _Folder:
             if isinstance(arg, BoolExpr) and arg.kind == node.kind:
                 pending = list(arg.args) + pending
                 continue
-            arg = self.fold(arg)
+            arg = self.visit(arg)
             if isinstance(arg, BoolExpr) and arg.kind == node.kind:
                 pending = list(arg.args) + pending
                 continue
@@ -175,35 +174,35 @@ class _Folder:
             return kept[0]
         return replace(node, args=tuple(kept))
 
-    @fold.register
+    @visits
     def _case(self, node: CaseExpr) -> Bound:
-        arg = None if node.arg is None else self.fold(node.arg)
+        arg = None if node.arg is None else self.visit(node.arg)
         saved = self.case_value
         self.case_value = arg if isinstance(arg, Const) else None
         try:
             whens: list[tuple[Bound, Bound]] = []
             default: Bound | None = None
             for cond, result in node.whens:
-                folded = self.fold(cond)
+                folded = self.visit(cond)
                 if isinstance(folded, Const):
                     if folded.value is not True:
                         continue
-                    default = self.fold(result)
+                    default = self.visit(result)
                     break
-                whens.append((folded, self.fold(result)))
+                whens.append((folded, self.visit(result)))
             if default is None:
-                default = self.fold(node.default)
+                default = self.visit(node.default)
         finally:
             self.case_value = saved
         if not whens:
             return default
         return replace(node, arg=arg, whens=tuple(whens), default=default)
 
-    @fold.register
+    @visits
     def _coalesce(self, node: CoalesceExpr) -> Bound:
         args: list[Bound] = []
         for arg in node.args:
-            folded = self.fold(arg)
+            folded = self.visit(arg)
             if isinstance(folded, Const):
                 if folded.value is None:
                     continue

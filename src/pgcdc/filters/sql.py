@@ -15,10 +15,9 @@ so the output is exactly one expression built from the tree. ``render`` wraps it
 
 from __future__ import annotations
 
-import functools
-
 from pgcdc.filters import ast
 from pgcdc.filters.errors import InvalidFilterError
+from pgcdc.filters.visitor import Visitor, visits
 from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.protocol.identifiers import quote_literal
 
@@ -60,7 +59,7 @@ def _func_name(names: tuple[str, ...]) -> str:
 def to_sql(node: ast.Expr) -> str:
     """The SQL text of an unbound expression; InvalidFilterError for what cannot be printed
     from the tree (sub-SELECTs, aggregate and window clauses)."""
-    return _Printer().print(node)
+    return _Printer().visit(node)
 
 
 def render(node: ast.Expr) -> RowFilterSQL:
@@ -69,133 +68,131 @@ def render(node: ast.Expr) -> RowFilterSQL:
     return RowFilterSQL(to_sql(node))
 
 
-class _Printer:
-    @functools.singledispatchmethod
-    def print(self, node: ast.Expr) -> str:
-        """Print one node: the handler registered for its type (below)."""
+class _Printer(Visitor[ast.Expr, str]):
+    def generic_visit(self, node: ast.Expr) -> str:
         raise TypeError(f"no SQL for a {type(node).__name__} node")  # a parser bug
 
-    @print.register
+    @visits
     def _ColumnRef(self, node: ast.ColumnRef) -> str:
         return _names(node.names)
 
-    @print.register
+    @visits
     def _NumberLiteral(self, node: ast.NumberLiteral) -> str:
         return f"({node.text})" if node.text.startswith("-") else node.text
 
-    @print.register
+    @visits
     def _StringLiteral(self, node: ast.StringLiteral) -> str:
         return quote_literal(node.value)
 
-    @print.register
+    @visits
     def _NullLiteral(self, node: ast.NullLiteral) -> str:
         return "NULL"
 
-    @print.register
+    @visits
     def _BoolLiteral(self, node: ast.BoolLiteral) -> str:
         return "TRUE" if node.value else "FALSE"
 
-    @print.register
+    @visits
     def _TypedLiteral(self, node: ast.TypedLiteral) -> str:
         return f"CAST({quote_literal(node.value)} AS {type_sql(node.type)})"
 
-    @print.register
+    @visits
     def _TypeCast(self, node: ast.TypeCast) -> str:
-        return f"CAST({self.print(node.arg)} AS {type_sql(node.type)})"
+        return f"CAST({self.visit(node.arg)} AS {type_sql(node.type)})"
 
-    @print.register
+    @visits
     def _Collate(self, node: ast.Collate) -> str:
-        return f"({self.print(node.arg)} COLLATE {_names(node.collation)})"
+        return f"({self.visit(node.arg)} COLLATE {_names(node.collation)})"
 
     def _op(self, op: str, schema: str | None) -> str:
         return op if schema is None else f"OPERATOR({_ident(schema)}.{op})"
 
-    @print.register
+    @visits
     def _OpExpr(self, node: ast.OpExpr) -> str:
         op = self._op(node.op, node.schema)
         if node.left is None:
-            return f"({op} {self.print(node.right)})"
-        return f"({self.print(node.left)} {op} {self.print(node.right)})"
+            return f"({op} {self.visit(node.right)})"
+        return f"({self.visit(node.left)} {op} {self.visit(node.right)})"
 
-    @print.register
+    @visits
     def _BoolOp(self, node: ast.BoolOp) -> str:
         joiner = " AND " if node.kind == "and" else " OR "
-        return "(" + joiner.join(self.print(a) for a in node.args) + ")"
+        return "(" + joiner.join(self.visit(a) for a in node.args) + ")"
 
-    @print.register
+    @visits
     def _Not(self, node: ast.Not) -> str:
-        return f"(NOT {self.print(node.arg)})"
+        return f"(NOT {self.visit(node.arg)})"
 
-    @print.register
+    @visits
     def _NullTest(self, node: ast.NullTest) -> str:
-        return f"({self.print(node.arg)} IS {'NOT ' if node.negated else ''}NULL)"
+        return f"({self.visit(node.arg)} IS {'NOT ' if node.negated else ''}NULL)"
 
-    @print.register
+    @visits
     def _BooleanTest(self, node: ast.BooleanTest) -> str:
         neg = "NOT " if node.negated else ""
-        return f"({self.print(node.arg)} IS {neg}{node.value.upper()})"
+        return f"({self.visit(node.arg)} IS {neg}{node.value.upper()})"
 
-    @print.register
+    @visits
     def _Distinct(self, node: ast.Distinct) -> str:
         neg = "NOT " if node.negated else ""
-        return f"({self.print(node.left)} IS {neg}DISTINCT FROM {self.print(node.right)})"
+        return f"({self.visit(node.left)} IS {neg}DISTINCT FROM {self.visit(node.right)})"
 
-    @print.register
+    @visits
     def _Between(self, node: ast.Between) -> str:
         neg = "NOT " if node.negated else ""
         sym = "SYMMETRIC " if node.symmetric else ""
         return (
-            f"({self.print(node.arg)} {neg}BETWEEN {sym}{self.print(node.low)} AND "
-            f"{self.print(node.high)})"
+            f"({self.visit(node.arg)} {neg}BETWEEN {sym}{self.visit(node.low)} AND "
+            f"{self.visit(node.high)})"
         )
 
-    @print.register
+    @visits
     def _InList(self, node: ast.InList) -> str:
-        items = ", ".join(self.print(i) for i in node.items)
-        return f"({self.print(node.arg)} {'NOT ' if node.negated else ''}IN ({items}))"
+        items = ", ".join(self.visit(i) for i in node.items)
+        return f"({self.visit(node.arg)} {'NOT ' if node.negated else ''}IN ({items}))"
 
-    @print.register
+    @visits
     def _Like(self, node: ast.Like) -> str:
         op = ("NOT " if node.negated else "") + ("ILIKE" if node.case_insensitive else "LIKE")
-        escape = "" if node.escape is None else f" ESCAPE {self.print(node.escape)}"
-        return f"({self.print(node.arg)} {op} {self.print(node.pattern)}{escape})"
+        escape = "" if node.escape is None else f" ESCAPE {self.visit(node.escape)}"
+        return f"({self.visit(node.arg)} {op} {self.visit(node.pattern)}{escape})"
 
-    @print.register
+    @visits
     def _ArrayLiteral(self, node: ast.ArrayLiteral) -> str:
-        return "ARRAY[" + ", ".join(self.print(i) for i in node.items) + "]"
+        return "ARRAY[" + ", ".join(self.visit(i) for i in node.items) + "]"
 
-    @print.register
+    @visits
     def _QuantifiedOp(self, node: ast.QuantifiedOp) -> str:
         op = self._op(node.op, node.schema)
         return (
-            f"({self.print(node.left)} {op} {node.quantifier.upper()} ({self.print(node.array)}))"
+            f"({self.visit(node.left)} {op} {node.quantifier.upper()} ({self.visit(node.array)}))"
         )
 
-    @print.register
+    @visits
     def _Case(self, node: ast.Case) -> str:
         parts = ["CASE"]
         if node.operand is not None:
-            parts.append(self.print(node.operand))
+            parts.append(self.visit(node.operand))
         for cond, result in node.whens:
-            parts.append(f"WHEN {self.print(cond)} THEN {self.print(result)}")
+            parts.append(f"WHEN {self.visit(cond)} THEN {self.visit(result)}")
         if node.default is not None:
-            parts.append(f"ELSE {self.print(node.default)}")
+            parts.append(f"ELSE {self.visit(node.default)}")
         parts.append("END")
         return " ".join(parts)
 
-    @print.register
+    @visits
     def _Coalesce(self, node: ast.Coalesce) -> str:
-        return "COALESCE(" + ", ".join(self.print(a) for a in node.args) + ")"
+        return "COALESCE(" + ", ".join(self.visit(a) for a in node.args) + ")"
 
-    @print.register
+    @visits
     def _NullIf(self, node: ast.NullIf) -> str:
-        return f"NULLIF({self.print(node.left)}, {self.print(node.right)})"
+        return f"NULLIF({self.visit(node.left)}, {self.visit(node.right)})"
 
-    @print.register
+    @visits
     def _MinMax(self, node: ast.MinMax) -> str:
-        return node.kind.upper() + "(" + ", ".join(self.print(a) for a in node.args) + ")"
+        return node.kind.upper() + "(" + ", ".join(self.visit(a) for a in node.args) + ")"
 
-    @print.register
+    @visits
     def _FuncCall(self, node: ast.FuncCall) -> str:
         if node.agg_clause is not None:
             # the tree does not keep the clause: printing without it would change the filter
@@ -207,15 +204,15 @@ class _Printer:
             )
         if node.syntax == "extract" and len(node.args) == 2:
             field, arg = node.args
-            return f"EXTRACT({self.print(field)} FROM {self.print(arg)})"
-        args = "*" if node.star else ", ".join(self.print(a) for a in node.args)
+            return f"EXTRACT({self.visit(field)} FROM {self.visit(arg)})"
+        args = "*" if node.star else ", ".join(self.visit(a) for a in node.args)
         return f"{_func_name(node.names)}({args})"
 
-    @print.register
+    @visits
     def _SpecialValue(self, node: ast.SpecialValue) -> str:
         return node.name.upper()
 
-    @print.register
+    @visits
     def _Subquery(self, node: ast.Subquery) -> str:
         # its text was skipped, not parsed: it never goes back to the server
         raise InvalidFilterError(_INVALID, sqlstate="0A000", detail=_ONLY, position=node.pos + 1)
