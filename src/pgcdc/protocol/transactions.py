@@ -57,10 +57,18 @@ M = TypeVar("M")
 Discard = Literal["reconnect", "restart"]
 
 _U32 = struct.Struct("!I")
+# plain ints: the hot path compares every message's type byte with them
+_ORIGIN, _COMMIT, _PREPARE, _STREAM_STOP = (
+    int(MessageType.ORIGIN),
+    int(MessageType.COMMIT),
+    int(MessageType.PREPARE),
+    int(MessageType.STREAM_STOP),
+)
+_XID_IN_STREAM = frozenset(int(k) for k in XID_IN_STREAM)
 #: What a regular or prepared transaction may hold between its Begin and its end.
-_IN_TRANSACTION = frozenset({*XID_IN_STREAM, MessageType.ORIGIN})
+_IN_TRANSACTION = frozenset({*_XID_IN_STREAM, _ORIGIN})
 #: Data messages a server may send outside any transaction (the reader decides what they do).
-_BETWEEN = frozenset({MessageType.RELATION, MessageType.TYPE, MessageType.MESSAGE})
+_BETWEEN = frozenset({int(MessageType.RELATION), int(MessageType.TYPE), int(MessageType.MESSAGE)})
 
 
 class FrameReader(Protocol[T, M]):
@@ -160,8 +168,10 @@ class TransactionFramer(Generic[T, M]):
         "_block",
         "_cur",
         "_cur_xid",
+        "_data",
         "_prepared",
         "_skipping",
+        "_stream_data",
         "_streams",
         "decoder",
         "error",
@@ -178,6 +188,8 @@ class TransactionFramer(Generic[T, M]):
         error: Callable[[str], Exception] = lambda text: ProtocolError(None, 0, text),
     ) -> None:
         self.reader = reader
+        self._data = reader.data  # bound once: called for every message
+        self._stream_data = reader.stream_data
         self.decoder = decoder
         self.where = where
         self.error = error
@@ -242,7 +254,7 @@ class TransactionFramer(Generic[T, M]):
         kind = payload[0] if payload else -1
         stream = self._block
         if stream is not None:
-            if kind in XID_IN_STREAM:
+            if kind in _XID_IN_STREAM:
                 if len(payload) < 5:
                     self.decoder.decode(payload)  # raises: too short for its Xid
                 xid = _U32.unpack_from(payload, 1)[0]
@@ -250,31 +262,31 @@ class TransactionFramer(Generic[T, M]):
                 if xid != subs.xid and xid != subs.last:  # noqa: PLR1714 - the hot path
                     txn = stream.txn
                     subs.note(xid, lambda: self.reader.mark(txn))
-                self.reader.stream_data(stream.txn, kind, payload, position)
-            elif kind == MessageType.ORIGIN:
-                self.reader.stream_data(stream.txn, kind, payload, position)
-            elif kind == MessageType.STREAM_STOP:
+                self._stream_data(stream.txn, kind, payload, position)
+            elif kind == _ORIGIN:
+                self._stream_data(stream.txn, kind, payload, position)
+            elif kind == _STREAM_STOP:
                 self.decoder.decode(payload)
                 self._block = None
                 self.reader.block_stop(stream.txn)
             else:
                 self._misplaced(payload, position, "inside a streamed block")
             return
+        cur = self._cur
+        if cur is not None:
+            if kind in _IN_TRANSACTION:
+                self._data(cur, kind, payload, position)
+            elif kind in (_COMMIT, _PREPARE):
+                self._end(cur, payload, position)
+            else:
+                self._misplaced(payload, position, "inside a transaction")
+            return
         if self._skipping:
-            if kind == MessageType.STREAM_STOP:
+            if kind == _STREAM_STOP:
                 self.decoder.decode(payload)
                 self._skipping = False
             elif kind not in _IN_TRANSACTION:
                 self._misplaced(payload, position, "inside a streamed block")
-            return
-        cur = self._cur
-        if cur is not None:
-            if kind in _IN_TRANSACTION:
-                self.reader.data(cur, kind, payload, position)
-            elif kind == MessageType.COMMIT or kind == MessageType.PREPARE:  # noqa: PLR1714
-                self._end(cur, payload, position)
-            else:
-                self._misplaced(payload, position, "inside a transaction")
             return
         handler = self._between.get(kind)
         if handler is not None:
@@ -292,8 +304,9 @@ class TransactionFramer(Generic[T, M]):
         message = self.decoder.decode(payload)  # raises first if the message is malformed
         if isinstance(message, Begin | BeginPrepare):
             assert self._cur is not None
+            lsn = message.final_lsn if isinstance(message, Begin) else message.prepare_lsn
             raise self.error(
-                f"{MESSAGE_NAMES[chr(payload[0])]} for xid {message.xid}{self.where(position)} "
+                f"{MESSAGE_NAMES[chr(payload[0])]} for xid {message.xid} at {lsn} "
                 f"while transaction {self._cur_xid} is still open (its Commit or Prepare never "
                 "arrived)"
             )

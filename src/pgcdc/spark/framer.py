@@ -57,7 +57,10 @@ _I32 = struct.Struct("!i")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 
-_T = MessageType.TRUNCATE
+_T = int(MessageType.TRUNCATE)
+_CHANGES = frozenset(int(k) for k in CHANGES)
+_DEFINITIONS = frozenset(int(k) for k in DEFINITIONS)
+_HEADER = RECORD_HEADER.size
 
 
 def _read_i32(payload: bytes, at: int) -> int:
@@ -185,9 +188,11 @@ class Framer:
         """One message, written to the spool at ``offset``; the transaction it committed."""
         self.stats.messages += 1
         self._position = offset
-        self._record = RECORD_HEADER.size + len(payload)
+        self._record = _HEADER + len(payload)
         self._framer.feed(payload, offset)
-        entry, self._committed = self._committed, None
+        entry = self._committed
+        if entry is not None:
+            self._committed = None
         return entry
 
     # -- what the framer tells (FrameReader) -------------------------------------------------
@@ -202,11 +207,11 @@ class Framer:
         )
 
     def data(self, txn: _Open, kind: int, payload: bytes, position: int) -> None:
-        if kind in CHANGES:
+        if kind in _CHANGES:
             txn.rows += 1
         elif kind == _T:
             txn.rows += _read_i32(payload, 1)
-        elif kind in DEFINITIONS:
+        elif kind in _DEFINITIONS:
             self._capture(txn, payload, position)
         txn.nbytes += len(payload)
 
@@ -236,11 +241,11 @@ class Framer:
         pass
 
     def stream_data(self, txn: _Open, kind: int, payload: bytes, position: int) -> None:
-        if kind in CHANGES:
+        if kind in _CHANGES:
             txn.rows += 1
         elif kind == _T:
             txn.rows += _read_i32(payload, 5)
-        elif kind in DEFINITIONS:
+        elif kind in _DEFINITIONS:
             self._capture(txn, payload, position)
         txn.nbytes += len(payload)
         txn.add(position, self._record)
