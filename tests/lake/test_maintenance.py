@@ -20,10 +20,12 @@ from pgcdc.lake.maintenance import (
     PURGE_METADATA,
     BatchGate,
     Maintenance,
+    MaintenanceWorker,
     conflicts,
     deleted_share,
 )
 from pgcdc.lake.pipeline import Pipeline
+from pgcdc.lake.storage import LeaseLost
 from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
@@ -73,6 +75,44 @@ def test_small_files_are_compacted_and_replaced_files_vacuumed(spark: Any, tmp_p
     clock = time.monotonic()
     assert later.vacuum_if_due(spark, "t", path, now=clock + later.vacuum_interval * 20)
     assert sorted(target.read().column("id").to_pylist()) == sorted(rows + list(range(60, 80)))
+
+
+def test_a_lake_taken_over_is_not_maintained_by_the_run_that_lost_it(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Batches checked the lease before each commit; the maintenance thread beside them did
+    not, and went on compacting and vacuuming a lake another process had taken over. Now each
+    step checks it first, and a lost lease stops the worker."""
+    path = _appended(spark, tmp_path / "t", 6)
+    before = _operations(path)
+    lost = False
+    checks = 0
+
+    def fence() -> None:
+        nonlocal checks
+        checks += 1
+        if lost:
+            raise LeaseLost("the lake was taken over by pgcdc run (pid 1 on another-host)")
+
+    maintenance = Maintenance(compact_files=2, vacuum_retention_hours=0, vacuum_interval=0)
+    worker = MaintenanceWorker(maintenance)
+    try:
+        lost = True
+        with caplog.at_level(logging.WARNING, logger="pgcdc"):
+            worker.submit(spark, [("t", path)], fence)
+            assert worker.drain(120)
+        assert checks == 1 and worker.stopped
+        assert _operations(path) == before  # no OPTIMIZE, no VACUUM
+        assert _parquet_on_disk(tmp_path / "t") == 6
+        assert any("maintenance stopped" in r.getMessage() for r in caplog.records)
+        # a lease held: the same tables are compacted
+        lost = False
+        worker = MaintenanceWorker(maintenance)
+        worker.submit(spark, [("t", path)], fence)
+        assert worker.drain(120)
+        assert ("OPTIMIZE", COMPACT_METADATA) in _operations(path)
+    finally:
+        worker.stop()
 
 
 def test_a_vacuum_counts_for_the_next_process_through_the_tables_log(

@@ -25,11 +25,13 @@ from pgcdc.lake.snapshot import (
     arrow_rows,
     arrow_schema,
     dictionary_columns,
+    remove_tables,
     snapshot_outputs,
     snapshot_rows,
     write_snapshot,
 )
-from pgcdc.lake.tables import ROW_ID
+from pgcdc.lake.storage import LeaseLost
+from pgcdc.lake.tables import ROW_ID, LakeLayout, LakeTable
 from pgcdc.lake.target import DeltaTarget
 from pgcdc.spark import read_snapshot, snapshot_options, snapshot_reader, table_column
 from tests.fix_pg import PgDatabase, newest_server
@@ -246,3 +248,23 @@ def test_file_statistics_bound_every_value_or_give_none(tmp_path: Path) -> None:
     assert stats["numRecords"] == 4
     assert stats["minValues"] == {"n": 1} and stats["maxValues"] == {"n": 4}
     assert stats["nullCount"] == {"k": 0, "n": 0, "d": 0}
+
+
+def test_a_lake_taken_over_keeps_its_tables_when_the_copy_is_removed(tmp_path: Path) -> None:
+    """An unfinished copy's tables are removed before copying again, and after a failed
+    copy; a run whose lake was taken over removed them too, under the process now writing
+    there. Removal checks the lease first."""
+    layout = LakeLayout(tmp_path)
+    table = LakeTable("public", "t", ("id",), "d", history=True)
+    folders = [table.path(layout, kind).local() for kind in table.kinds()]
+    for folder in folders:
+        (folder / "_delta_log").mkdir(parents=True)
+
+    def lost() -> None:
+        raise LeaseLost("the lake was taken over by pgcdc run (pid 1 on another-host)")
+
+    with pytest.raises(LeaseLost):
+        remove_tables(layout, [table], lost)
+    assert all(folder.is_dir() for folder in folders)
+    remove_tables(layout, [table], lambda: None)
+    assert not any(folder.exists() for folder in folders)

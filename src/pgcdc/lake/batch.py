@@ -220,7 +220,7 @@ class LakeBatchWriter:
             },
         )
         if worker is not None:  # beside the next batches, never inside one
-            worker.submit(df.sparkSession, written)
+            worker.submit(df.sparkSession, written, self.fence)
         return result
 
     def _apply(

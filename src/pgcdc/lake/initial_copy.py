@@ -110,7 +110,7 @@ class InitialCopy:
             )
             if slot_exists:
                 drop_slot(dsn, source.slot, terminate_active=True)
-            remove_tables(self.layout, plan.tables)
+            remove_tables(self.layout, plan.tables, self.pipeline.lease.check)
             state = previous.evolve(
                 generation=previous.generation + 1,
                 tables=tables,

@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgcdc.lake.delta import USER_METADATA, quote_name, user_metadata
+from pgcdc.lake.storage import LeaseLost
 from pgcdc.lake.target import DeltaTarget
 
 __all__ = [
@@ -411,17 +412,26 @@ class MaintenanceWorker:
         self._changed = threading.Condition()
         self._pending: dict[str, str] = {}  # path -> name, in the order first queued
         self._spark: Any = None
+        self._fence: Callable[[], None] | None = None
         self._busy = False
         self._stopped = False
         self._thread: threading.Thread | None = None
 
-    def submit(self, spark: Any, tables: Iterable[tuple[str, str]]) -> None:
+    def submit(
+        self,
+        spark: Any,
+        tables: Iterable[tuple[str, str]],
+        fence: Callable[[], None] | None = None,
+    ) -> None:
+        """Queue ``tables`` for maintenance; ``fence`` (the run's lease check, raising
+        ``LeaseLost``) is called before each step, which a lost lake does not start."""
         with self._changed:
             if self._stopped:
                 return
             for name, path in tables:
                 self._pending.setdefault(path, name)
             self._spark = spark
+            self._fence = fence
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="pgcdc-maintenance", daemon=True
@@ -453,6 +463,25 @@ class MaintenanceWorker:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=60)
 
+    def _must_stop(self) -> bool:
+        """Stopped, or the lake is no longer this run's: a step would write a lake another
+        process holds (a compaction or a purge commits, a vacuum deletes files)."""
+        if self._stopped:
+            return True
+        fence = self._fence
+        if fence is None:
+            return False
+        try:
+            fence()
+        except LeaseLost as exc:
+            log.warning("maintenance stopped: %s", exc)
+            with self._changed:
+                self._stopped = True
+                self._pending.clear()
+                self._changed.notify_all()
+            return True
+        return False
+
     def _run(self) -> None:
         session: Any = None
         while True:
@@ -471,7 +500,7 @@ class MaintenanceWorker:
                 # pinned threads: the group is this thread's, so stop cancels only maintenance
                 session.sparkContext.setJobGroup(JOB_GROUP, "pgcdc maintenance", False)
                 self.maintenance.after_batch(
-                    session, [(name, path)], self.gate, stopping=lambda: self._stopped
+                    session, [(name, path)], self.gate, stopping=self._must_stop
                 )
             except Exception as exc:  # a stopped context: nothing to maintain any more
                 log.debug("maintenance of %s not run (%s)", name, type(exc).__name__)

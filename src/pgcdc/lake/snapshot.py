@@ -139,8 +139,13 @@ def snapshot_rows(
     )
 
 
-def remove_tables(layout: LakeLayout, tables: Sequence[LakeTable]) -> None:
-    """Remove the Delta tables of an unfinished snapshot (their folders)."""
+def remove_tables(
+    layout: LakeLayout, tables: Sequence[LakeTable], fence: Callable[[], None] | None = None
+) -> None:
+    """Remove the Delta tables of an unfinished snapshot (their folders). ``fence`` raises
+    when this process may no longer write the lake: called before anything is removed."""
+    if fence is not None:
+        fence()
     for table in tables:
         kinds: tuple[TableKind, ...] = ("mirror", "history", "changelog")
         for kind in kinds:
@@ -705,7 +710,7 @@ def write_snapshot(
     try:
         outputs = snapshot_outputs(spark, reader, layout, tables, table_columns)
     except BaseException:
-        remove_tables(layout, tables)  # those created before the one that failed
+        remove_tables(layout, tables, fence)  # those created before the one that failed
         raise
     partitions = tuple(reader.partitions())
     tag = f"s{generation}-{uuid.uuid4().hex[:8]}"
@@ -756,7 +761,7 @@ def write_snapshot(
         _wait_for_tasks(spark)
         _remove_files_until_quiet(directories, tag, committed)
         if not committed:  # the tables are still empty: a failed copy leaves nothing behind
-            remove_tables(layout, tables)
+            remove_tables(layout, tables, fence)
         raise
     _remove_files(directories, tag, committed)  # of task attempts that failed and were retried
     result.seconds = time.monotonic() - started
