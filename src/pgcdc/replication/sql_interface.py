@@ -27,7 +27,6 @@ streamed transaction's blocks interleave with other commits). Two mechanisms do 
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -38,6 +37,22 @@ from typing import Any
 import psycopg
 
 from pgcdc.lsn import Lsn
+from pgcdc.protocol import (
+    MAX_PROTO_VERSION,
+    Begin,
+    BeginPrepare,
+    Commit,
+    CommitPrepared,
+    Decoder,
+    Message,
+    MessageType,
+    Prepare,
+    RollbackPrepared,
+    StreamAbort,
+    StreamCommit,
+    StreamPrepare,
+    StreamStart,
+)
 from pgcdc.replication.database import connect_sql, raise_sql_error
 from pgcdc.replication.errors import (
     PublicationNotFoundError,
@@ -56,9 +71,6 @@ __all__ = ["SqlSlotReader"]
 
 log = logging.getLogger("pgcdc.replication")
 
-_U32 = struct.Struct("!I")
-_U64 = struct.Struct("!Q")
-
 _PEEK = (
     "SELECT lsn::text, xid::text, data "
     "FROM pg_logical_slot_peek_binary_changes(%s, NULL, %s, VARIADIC %s::text[])"
@@ -66,8 +78,12 @@ _PEEK = (
 _WAL_POSITIONS = "SELECT pg_current_wal_insert_lsn()::text, pg_current_wal_flush_lsn()::text"
 _ADVANCE = "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)"
 
-_B, _C, _BP, _P, _S, _E = (ord(c) for c in "BCbPSE")
-_K, _R, _SC, _SA, _SP, _M = (ord(c) for c in "KrcApM")
+#: a unit's first message -> the message that ends it
+_UNIT_ENDS: dict[int, int] = {
+    MessageType.BEGIN: MessageType.COMMIT,
+    MessageType.BEGIN_PREPARE: MessageType.PREPARE,
+    MessageType.STREAM_START: MessageType.STREAM_STOP,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,56 +98,67 @@ class _Unit:
 
 
 def _group(rows: list[tuple[Lsn, int, bytes]]) -> tuple[list[_Unit], int]:
-    """Split rows into units; also how many rows they cover (an incomplete tail is left out)."""
+    """Split rows into units; also how many rows they cover (an incomplete tail is left out).
+    Only the messages that begin or end a unit are decoded (outside any stream: none of them
+    carries a streamed Xid)."""
+    decode = Decoder(MAX_PROTO_VERSION).decode
     units: list[_Unit] = []
     i = 0
     n = len(rows)
     while i < n:
         data = rows[i][2]
-        kind = data[0]
-        if kind in (_B, _BP, _S):
-            end_kind = {_B: _C, _BP: _P, _S: _E}[kind]
+        kind = data[0] if data else -1
+        end_kind = _UNIT_ENDS.get(kind)
+        if end_kind is not None:
             j = i + 1
             while j < n and rows[j][2][0] != end_kind:
                 j += 1
             if j == n:
                 break  # incomplete: peek again later (does not happen: peeks end on units)
-            end = rows[j][2]
-            if kind == _B:
-                # Begin: final_lsn(8) commit_time(8) xid(4); Commit: flags(1) commit_lsn(8) ...
-                xid = _U32.unpack_from(data, 17)[0]
-                units.append(_Unit(i, j + 1, "txn", xid, (_U64.unpack_from(end, 2)[0], 1)))
-            elif kind == _BP:
-                # Begin Prepare: prepare_lsn(8) end_lsn(8) time(8) xid(4); Prepare: flags(1)...
-                xid = _U32.unpack_from(data, 25)[0]
-                units.append(_Unit(i, j + 1, "prepare", xid, (_U64.unpack_from(end, 2)[0], 1)))
+            first, end = decode(data), decode(rows[j][2])
+            if isinstance(first, Begin) and isinstance(end, Commit):
+                units.append(_Unit(i, j + 1, "txn", first.xid, (end.commit_lsn, 1)))
+            elif isinstance(first, BeginPrepare) and isinstance(end, Prepare):
+                units.append(_Unit(i, j + 1, "prepare", first.xid, (end.prepare_lsn, 1)))
             else:
-                units.append(_Unit(i, j + 1, "chunk", _U32.unpack_from(data, 1)[0], None))
+                assert isinstance(first, StreamStart)
+                units.append(_Unit(i, j + 1, "chunk", first.xid, None))
             i = j + 1
             continue
-        if kind == _SC:  # xid(4) flags(1) commit_lsn(8) end_lsn(8) time(8)
-            xid = _U32.unpack_from(data, 1)[0]
-            units.append(_Unit(i, i + 1, "stream_end", xid, (_U64.unpack_from(data, 6)[0], 1)))
-        elif kind == _SP:  # flags(1) prepare_lsn(8) end_lsn(8) time(8) xid(4)
-            xid = _U32.unpack_from(data, 26)[0]
-            units.append(_Unit(i, i + 1, "stream_end", xid, (_U64.unpack_from(data, 2)[0], 1)))
-        elif kind == _SA:  # xid(4) subxid(4) ...
-            xid, subxid = _U32.unpack_from(data, 1)[0], _U32.unpack_from(data, 5)[0]
+        message = decode(data) if kind in _SINGLE else None
+        if isinstance(message, StreamCommit):
+            units.append(_Unit(i, i + 1, "stream_end", message.xid, (message.commit_lsn, 1)))
+        elif isinstance(message, StreamPrepare):
+            units.append(_Unit(i, i + 1, "stream_end", message.xid, (message.prepare_lsn, 1)))
+        elif isinstance(message, StreamAbort):
+            whole = message.xid == message.subxid
             units.append(
-                _Unit(i, i + 1, "stream_abort" if xid == subxid else "sub_abort", xid, None)
+                _Unit(i, i + 1, "stream_abort" if whole else "sub_abort", message.xid, None)
             )
-        elif kind == _K:  # flags(1) commit_lsn(8) end_lsn(8) time(8) xid(4)
-            xid = _U32.unpack_from(data, 25)[0]
-            units.append(_Unit(i, i + 1, "single", xid, (_U64.unpack_from(data, 2)[0], 1)))
-        elif kind == _R:  # flags(1) prepare_end_lsn(8) rollback_end_lsn(8) ...: an end position
-            xid = _U32.unpack_from(data, 33)[0]
-            units.append(_Unit(i, i + 1, "single", xid, (_U64.unpack_from(data, 10)[0], 0)))
-        elif kind == _M:  # non-transactional: flags(1) lsn(8), the end of its record
-            units.append(_Unit(i, i + 1, "single", None, (_U64.unpack_from(data, 2)[0], 0)))
+        elif isinstance(message, CommitPrepared):
+            units.append(_Unit(i, i + 1, "single", message.xid, (message.commit_lsn, 1)))
+        elif isinstance(message, RollbackPrepared):  # its end position: sorts before a start
+            key = (message.rollback_end_lsn, 0)
+            units.append(_Unit(i, i + 1, "single", message.xid, key))
+        elif isinstance(message, Message):  # non-transactional: the end of its record
+            units.append(_Unit(i, i + 1, "single", None, (message.lsn, 0)))
         else:  # nothing else appears outside a unit; keep it ordered by its row's position
             units.append(_Unit(i, i + 1, "single", None, (int(rows[i][0]), 1)))
         i += 1
     return units, i
+
+
+#: the messages that are a unit of their own, decoded for their Xid and position
+_SINGLE: frozenset[int] = frozenset(
+    {
+        MessageType.STREAM_COMMIT,
+        MessageType.STREAM_PREPARE,
+        MessageType.STREAM_ABORT,
+        MessageType.COMMIT_PREPARED,
+        MessageType.ROLLBACK_PREPARED,
+        MessageType.MESSAGE,
+    }
+)
 
 
 class SqlSlotReader:
