@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import TypeAdapter
 
-from pgcdc.lake.config import Size
+from pgcdc.lake.config import Size, StreamSettings
 from pgcdc.sizes import parse_size
 from pgcdc.spark.errors import OptionError
 from pgcdc.spark.options import parse_size as option_size
@@ -41,3 +41,12 @@ def test_what_is_not_a_size_is_refused_by_both_with_the_forms(text: str) -> None
 def test_a_spark_option_size_is_positive() -> None:
     with pytest.raises(OptionError, match="positive"):
         option_size("maxBytesPerTrigger", "0")
+
+
+def test_max_bytes_per_trigger_takes_a_size_in_the_config_as_the_option_does() -> None:
+    """``[stream] max_bytes_per_trigger = "512MB"`` was refused (an int field) while the Spark
+    option of the same name took it."""
+    assert StreamSettings(max_bytes_per_trigger="512MB").max_bytes_per_trigger == 512 << 20  # type: ignore[arg-type]
+    assert StreamSettings(max_bytes_per_trigger=1000).max_bytes_per_trigger == 1000
+    with pytest.raises(ValueError, match="greater than 0"):
+        StreamSettings(max_bytes_per_trigger=0)

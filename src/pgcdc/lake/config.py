@@ -492,7 +492,7 @@ class StreamSettings(_Model):
         default=5.0, ge=0, description="seconds between micro-batches when running continuously"
     )
     max_changes_per_trigger: int | None = Field(default=250_000, gt=0)
-    max_bytes_per_trigger: int | None = Field(default=None, gt=0)
+    max_bytes_per_trigger: Size | None = Field(default=None, gt=0)
     snapshot_partitions_per_table: int | None = Field(
         default=None, gt=0, description="ctid ranges each table's snapshot is split into"
     )

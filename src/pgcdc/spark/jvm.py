@@ -14,8 +14,8 @@ one ``pgcdc.spark.session.python_spark_home`` uses; ``spark_session`` applies th
 * else one JVM at a time (a lock file naming its process) writes one when it exits, to a
   temporary file. At Python exit, Spark is stopped and ``ArchiveWriter.finish`` lets the JVM
   exit and, if it exited cleanly, checks the file with a throwaway JVM (a truncated archive
-  crashes the JVM that maps it) before renaming it into place. Writing takes a while once (about
-  10 s on 2 cores); temporary files of writers that died are removed by later ones, and so are
+  crashes the JVM that maps it) before renaming it into place. Writing takes a while, once;
+  temporary files of writers that died are removed by later ones, and so are
   archives unused for ``UNUSED_DAYS`` (each use touches its archive).
 
 The JVM ignores an archive it cannot use (another JDK, class path or options), quietly: the

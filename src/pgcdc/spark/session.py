@@ -134,11 +134,9 @@ def driver_java_options(settings: Mapping[str, str]) -> str:
     a heap (``spark.driver.memory``) under 8 GiB, G1 regions of 4 MiB instead of G1's 1 or 2 MiB.
 
     G1 gives an object of half a region or more regions of its own (a humongous object), and
-    Spark allocates many arrays just over 1 MiB: each reader of a sort's spill file holds three
-    (its read-ahead buffers and record buffer), and a cached micro-batch's column buffers are
-    about as large. With 1 MiB regions each takes two regions, twice its size: a heap dump of a
-    512 MiB driver that ran out of heap staging a 100 MB transaction held 230 MiB of such arrays
-    in 433 MiB of regions. With 4 MiB regions they share regions with other objects."""
+    Spark allocates many arrays just over 1 MiB (a sort's spill readers, a cached micro-batch's
+    column buffers): with 1 MiB regions each takes two regions, twice its size; with 4 MiB
+    regions they share regions with other objects."""
     options = ["-XX:+ExitOnOutOfMemoryError"]
     memory = settings.get("spark.driver.memory", "1g")
     heap = _jvm_size(memory)
