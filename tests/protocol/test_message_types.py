@@ -17,9 +17,11 @@ from pgcdc.protocol import (
     Relation,
     StreamStart,
     StreamStop,
+    Truncate,
     peek,
 )
 from pgcdc.protocol.decoder import MAX_PROTO_VERSION
+from pgcdc.protocol.message_types import relation_id, truncated_relations, without_xid
 from pgcdc.protocol.messages import Begin, Delete, Update
 from tests.protocol.strategies import control_messages, data_messages
 
@@ -92,3 +94,20 @@ def _agrees(header: object, decoded: object) -> None:
 def test_peek_refuses_what_is_too_short_or_unknown(payload: bytes, in_stream: bool) -> None:
     with pytest.raises(ProtocolError):
         peek(payload, in_stream=in_stream)
+
+
+def test_fields_read_without_decoding_match_the_decoder() -> None:
+    for xid in (None, 77):
+        in_stream = xid is not None
+        e = Encoder(2)
+        insert = e.encode(Insert(xid, 16384, ("1",)))
+        truncate = e.encode(Truncate(xid, 0, (16384, 16385, 16386)))
+        assert relation_id(insert, in_stream=in_stream) == 16384
+        assert truncated_relations(truncate, in_stream=in_stream) == 3
+        if in_stream:
+            plain = Decoder(2).decode(without_xid(insert))
+            assert plain == Insert(None, 16384, ("1",))
+    with pytest.raises(ProtocolError, match="too short for its relation"):
+        relation_id(b"I\x00\x00", in_stream=False)
+    with pytest.raises(ProtocolError, match="too short for its relation count"):
+        truncated_relations(b"T\x00\x00\x00\x07\x00", in_stream=True)

@@ -42,7 +42,6 @@ spills to a temporary file (``pgcdc.decoding.spill``), read back in order at del
 from __future__ import annotations
 
 import logging
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -64,7 +63,7 @@ from pgcdc.decoding.transaction import (
 from pgcdc.lsn import Lsn
 from pgcdc.protocol.decoder import MAX_PROTO_VERSION, Decoder
 from pgcdc.protocol.errors import MESSAGE_NAMES
-from pgcdc.protocol.message_types import MessageType, peek
+from pgcdc.protocol.message_types import MessageType, peek, relation_id
 from pgcdc.protocol.messages import (
     Begin,
     BeginPrepare,
@@ -97,8 +96,6 @@ _Reason = Literal["abort", "reconnect", "restart", "duplicate"]
 
 log = logging.getLogger(__name__)
 
-_U32 = struct.Struct("!I")
-_XID_OID = struct.Struct("!II")  # a streamed data message's xid, then (mostly) a relation OID
 _CODE_R = MessageType.RELATION
 _CODE_Y = MessageType.TYPE
 _CODE_T = MessageType.TRUNCATE
@@ -504,12 +501,6 @@ class Assembler:
         self._framer.feed(payload, data_start)
 
     # -- data messages -------------------------------------------------------------------
-    def _peek_u32(self, payload: bytes, offset: int) -> int:
-        if len(payload) < offset + 4:
-            self._decode(payload)  # raises ProtocolError naming the problem
-        value: int = _U32.unpack_from(payload, offset)[0]
-        return value
-
     def _decode(self, payload: bytes) -> ReplicationMessage:
         return self._framer.decoder.decode(payload)
 
@@ -572,7 +563,7 @@ class Assembler:
             for relid in truncate.relation_ids:
                 self._bind(t, relid, lsn, code)
         else:
-            self._bind(t, self._peek_u32(payload, 1), lsn, code)
+            self._bind(t, relation_id(payload, in_stream=False), lsn, code)
         t.buffer.append(payload, lsn)
 
     def _stream_data(self, st: _Txn, code: int, payload: bytes, lsn: int) -> None:
@@ -593,7 +584,6 @@ class Assembler:
             return
         if len(payload) < 9:
             self._decode(payload)  # too short for any streamed data message: raises
-        relid = _XID_OID.unpack_from(payload, 1)[1]
         if code == _CODE_R:
             relation = self._decode(payload)
             assert isinstance(relation, Relation)
@@ -620,8 +610,10 @@ class Assembler:
             assert isinstance(truncate, Truncate)
             for relid in truncate.relation_ids:
                 self._bind(st, relid, lsn, code)
-        elif relid not in st.overlay and relid not in st.initial:
-            self._bind(st, relid, lsn, code)
+        else:
+            relid = relation_id(payload, in_stream=True)
+            if relid not in st.overlay and relid not in st.initial:
+                self._bind(st, relid, lsn, code)
         buffer.append(payload, lsn)
 
     def _resolve(self, t: _Txn, relation_id: int, lsn: int, code: int) -> RelationInfo:

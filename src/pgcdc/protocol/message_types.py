@@ -25,6 +25,9 @@ __all__ = [
     "MessageHeader",
     "MessageType",
     "peek",
+    "relation_id",
+    "truncated_relations",
+    "without_xid",
 ]
 
 
@@ -110,6 +113,7 @@ TWO_PHASE: frozenset[int] = frozenset(
     }
 )
 _U32 = struct.Struct("!I")
+_I32 = struct.Struct("!i")
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,3 +164,31 @@ def peek(payload: bytes, *, in_stream: bool) -> MessageHeader:
     except struct.error:
         raise ProtocolError(kind.letter, len(payload), "message too short for its header") from None
     return MessageHeader(kind, xid)
+
+
+def relation_id(payload: bytes, *, in_stream: bool) -> int:
+    """The relation an Insert, Update, Delete or Relation names ("Int32 (Oid) OID of the
+    relation", after the Xid inside a streamed block), read without decoding the message."""
+    at = 5 if in_stream else 1
+    if len(payload) < at + 4:
+        raise ProtocolError(
+            chr(payload[0]) if payload else None, len(payload), "message too short for its relation"
+        )
+    relation: int = _U32.unpack_from(payload, at)[0]
+    return relation
+
+
+def truncated_relations(payload: bytes, *, in_stream: bool) -> int:
+    """How many relations a Truncate names ("Int32 Number of relations"), read without decoding
+    the message."""
+    at = 5 if in_stream else 1
+    if len(payload) < at + 4:
+        raise ProtocolError("T", len(payload), "message too short for its relation count")
+    count: int = _I32.unpack_from(payload, at)[0]
+    return count
+
+
+def without_xid(payload: bytes) -> bytes:
+    """A data message of a streamed block as it is sent outside one: the same bytes without
+    the Xid that follows the type byte."""
+    return payload[:1] + payload[5:]

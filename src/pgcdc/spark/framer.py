@@ -23,13 +23,17 @@ ranges. Only the rare control messages and Relation and Type go through the full
 from __future__ import annotations
 
 import logging
-import struct
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from pgcdc.protocol.decoder import Decoder
-from pgcdc.protocol.errors import ProtocolError
-from pgcdc.protocol.message_types import CHANGES, DEFINITIONS, MessageType
+from pgcdc.protocol.message_types import (
+    CHANGES,
+    DEFINITIONS,
+    MessageType,
+    truncated_relations,
+    without_xid,
+)
 from pgcdc.protocol.messages import (
     Begin,
     BeginPrepare,
@@ -53,7 +57,6 @@ __all__ = ["Framer", "FramerStats"]
 
 log = logging.getLogger("pgcdc.spark")
 
-_I32 = struct.Struct("!i")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
 
@@ -61,13 +64,6 @@ _T = int(MessageType.TRUNCATE)
 _CHANGES = frozenset(int(k) for k in CHANGES)
 _DEFINITIONS = frozenset(int(k) for k in DEFINITIONS)
 _HEADER = RECORD_HEADER.size
-
-
-def _read_i32(payload: bytes, at: int) -> int:
-    """A Truncate's relation count, read without decoding the message."""
-    if len(payload) < at + _I32.size:
-        raise ProtocolError(chr(payload[0]), len(payload), "message too short for its count")
-    return int(_I32.unpack_from(payload, at)[0])
 
 
 def unix_micros(moment: datetime) -> int:
@@ -210,7 +206,7 @@ class Framer:
         if kind in _CHANGES:
             txn.rows += 1
         elif kind == _T:
-            txn.rows += _read_i32(payload, 1)
+            txn.rows += truncated_relations(payload, in_stream=False)
         elif kind in _DEFINITIONS:
             self._capture(txn, payload, position)
         txn.nbytes += len(payload)
@@ -244,7 +240,7 @@ class Framer:
         if kind in _CHANGES:
             txn.rows += 1
         elif kind == _T:
-            txn.rows += _read_i32(payload, 5)
+            txn.rows += truncated_relations(payload, in_stream=True)
         elif kind in _DEFINITIONS:
             self._capture(txn, payload, position)
         txn.nbytes += len(payload)
@@ -286,7 +282,7 @@ class Framer:
             key = ("Y", message.type_id)
         else:  # pragma: no cover - callers only pass R and Y
             return
-        plain = payload[:1] + payload[5:] if message.xid is not None else payload
+        plain = without_xid(payload) if message.xid is not None else payload
         txn.defs.append((offset, key, plain))
 
     def _finish(self, txn: _Open, commit_lsn: int, end_lsn: int) -> TxnEntry | None:
