@@ -115,6 +115,46 @@ def test_a_lake_taken_over_is_not_maintained_by_the_run_that_lost_it(
         worker.stop()
 
 
+def test_an_exclusive_vacuum_that_waited_for_a_batch_checks_the_lease_again(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A vacuum of short retention waits for the batch in flight; the lease was checked
+    before the wait only, so a lake taken over during it was vacuumed under its new holder."""
+    path = _appended(spark, tmp_path / "t", 6)
+    Maintenance(compact_files=6, vacuum=False).after_batch(spark, [("t", path)])
+    on_disk = _parquet_on_disk(tmp_path / "t")
+    assert on_disk == 7  # the compacted file and the six it replaced, for a vacuum to delete
+    gate = BatchGate()
+    at_vacuum = threading.Event()
+    lost = threading.Event()
+    checks = 0
+
+    def stopping() -> bool:
+        nonlocal checks
+        checks += 1
+        if checks == 3:  # before compact, purge, then the vacuum, which waits for the batch
+            at_vacuum.set()
+        return lost.is_set()
+
+    maintenance = Maintenance(compact_files=100, vacuum_retention_hours=0, vacuum_interval=0)
+    with gate.batch():
+        worker = threading.Thread(
+            target=maintenance.after_batch,
+            args=(spark, [("t", path)], gate),
+            kwargs={"stopping": stopping},
+        )
+        worker.start()
+        assert at_vacuum.wait(120)
+        lost.set()  # the batch in flight fails on its fence and leaves the gate
+    worker.join(120)
+    assert not worker.is_alive()
+    assert _parquet_on_disk(tmp_path / "t") == on_disk  # nothing vacuumed
+    Maintenance(compact_files=100, vacuum_retention_hours=0, vacuum_interval=0).after_batch(
+        spark, [("t", path)]
+    )
+    assert _parquet_on_disk(tmp_path / "t") == 1  # the same vacuum, with the lake held
+
+
 def test_a_vacuum_counts_for_the_next_process_through_the_tables_log(
     spark: Any, tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.snapshot import (
     DICTIONARY_SAMPLE,
     SnapshotResult,
+    _remove_after,
     arrow_rows,
     arrow_schema,
     dictionary_columns,
@@ -266,5 +267,13 @@ def test_a_lake_taken_over_keeps_its_tables_when_the_copy_is_removed(tmp_path: P
     with pytest.raises(LeaseLost):
         remove_tables(layout, [table], lost)
     assert all(folder.is_dir() for folder in folders)
+    # after a failed copy: the copy's own error is what is raised, noted with the lease
+    failure = RuntimeError("a copy task failed")
+    _remove_after(failure, layout, [table], lost)
+    assert all(folder.is_dir() for folder in folders)
+    assert failure.__notes__ == [
+        "the copy's tables were left in place: the lake was taken over by pgcdc run (pid 1 on "
+        "another-host)"
+    ]
     remove_tables(layout, [table], lambda: None)
     assert not any(folder.exists() for folder in folders)

@@ -108,6 +108,7 @@ class InitialCopy:
                 "the initial snapshot of generation %s did not finish: copying again",
                 previous.generation,
             )
+            self.pipeline.lease.check()  # the slot and tables may be another holder's now
             if slot_exists:
                 drop_slot(dsn, source.slot, terminate_active=True)
             remove_tables(self.layout, plan.tables, self.pipeline.lease.check)

@@ -169,6 +169,8 @@ class Maintenance:
                 key = (step.__name__, path)
                 try:
                     with guard:
+                        if stopping():  # again: an exclusive step may have waited long
+                            return
                         step(spark, name, path)
                 except (KeyboardInterrupt, SystemExit):
                     raise

@@ -44,7 +44,7 @@ from pgcdc.lake.changelog import changelog_rows
 from pgcdc.lake.changes import image_columns, lake_image, needs_cast, quote_column
 from pgcdc.lake.delta import AddedFile, commit_files, create_table, stats_json
 from pgcdc.lake.multiset import snapshot_row_id
-from pgcdc.lake.storage import LakeLocation, LakePath, StorageError
+from pgcdc.lake.storage import LakeLocation, LakePath, LeaseLost, StorageError
 from pgcdc.lake.tables import (
     CL_COMMIT_LSN,
     CL_COMMIT_LSN_TEXT,
@@ -151,6 +151,20 @@ def remove_tables(
         for kind in kinds:
             if table.path(layout, kind).remove_tree():
                 log.info("removed %s %s of an unfinished snapshot", table.table_id, kind)
+
+
+def _remove_after(
+    failure: BaseException,
+    layout: LakeLayout,
+    tables: Sequence[LakeTable],
+    fence: Callable[[], None] | None,
+) -> None:
+    """``remove_tables`` after a failed copy; a lake no longer this run's keeps its tables,
+    and the copy's own failure is what is raised, noted with that."""
+    try:
+        remove_tables(layout, tables, fence)
+    except LeaseLost as lost:
+        failure.add_note(f"the copy's tables were left in place: {lost}")
 
 
 #: What each copy task reports: one row per Parquet file written.
@@ -709,8 +723,8 @@ def write_snapshot(
     started = time.monotonic()
     try:
         outputs = snapshot_outputs(spark, reader, layout, tables, table_columns)
-    except BaseException:
-        remove_tables(layout, tables, fence)  # those created before the one that failed
+    except BaseException as exc:
+        _remove_after(exc, layout, tables, fence)  # those created before the one that failed
         raise
     partitions = tuple(reader.partitions())
     tag = f"s{generation}-{uuid.uuid4().hex[:8]}"
@@ -757,11 +771,11 @@ def write_snapshot(
                 log.info("snapshot of %s %s: %s rows", table.table_id, output.kind, count)
             if on_progress is not None:
                 on_progress(table.table_id, result.rows.get(table.table_id, 0))
-    except BaseException:
+    except BaseException as exc:
         _wait_for_tasks(spark)
         _remove_files_until_quiet(directories, tag, committed)
         if not committed:  # the tables are still empty: a failed copy leaves nothing behind
-            remove_tables(layout, tables, fence)
+            _remove_after(exc, layout, tables, fence)
         raise
     _remove_files(directories, tag, committed)  # of task attempts that failed and were retried
     result.seconds = time.monotonic() - started
