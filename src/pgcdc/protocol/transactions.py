@@ -351,15 +351,12 @@ class TransactionFramer(Generic[T, M]):
     def _end(self, cur: T, payload: bytes, position: int) -> None:
         message = self.decoder.decode(payload)
         if isinstance(message, Commit):
-            if self._prepared:
-                self._misplaced(payload, position, "inside a prepared transaction")
+            misplaced = self._prepared
         else:
             assert isinstance(message, Prepare)
-            if not self._prepared or message.xid != self._cur_xid:
-                raise self.error(
-                    f"Prepare of xid {message.xid} (gid {message.gid!r}) at "
-                    f"{message.prepare_lsn} without its Begin Prepare"
-                )
+            misplaced = not self._prepared or message.xid != self._cur_xid
+        if misplaced:  # raises: a Commit of a prepared one, a Prepare of another or a regular one
+            self._misplaced(payload, position, "inside a transaction")
         self._cur = None
         self.reader.end(cur, message, position)
 
