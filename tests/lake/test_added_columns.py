@@ -1,7 +1,8 @@
 """A column added with a constant default (``ADD COLUMN ... DEFAULT``, which writes nothing to
 the WAL): rows written before it read the default in PostgreSQL, and in every lake table,
 whether they reached the lake before the column was added or in the same batch as rows that
-have it."""
+have it, and also when a table rewrite wrote it into the rows before pgcdc read the column.
+What the lake cannot give those rows stops the pipeline, saying why."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
-from pgcdc.lake.pipeline import Pipeline
+from pgcdc.lake.catalog import missing_values
+from pgcdc.lake.pipeline import Pipeline, PipelineError
+from pgcdc.lake.tables import LakeTable
 from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
@@ -88,6 +92,62 @@ def test_rows_written_before_add_column_read_its_default(
             assert {k: row["__old"][k] for k in ADDED} == ADDED, row
 
 
+def test_a_constant_default_survives_a_later_rewrite(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """Issue 41: a table rewrite (here a type change of another column) after a constant-default
+    ``ADD COLUMN``, before pgcdc read it, writes the default into the rows and clears
+    ``attmissingval``: the run stopped, taking the cleared value for a default computed row by
+    row. The rows written before the column was added read the default in the mirror, every
+    history version and every changelog image (new and whole old), as the source's rows
+    (which hold it now) read it: copied, streamed before the ``ADD COLUMN`` in the batch, and
+    updated after it."""
+    pg.execute("CREATE TABLE s2 (id int PRIMARY KEY, n int, m int, vc varchar(10))")
+    pg.execute("ALTER TABLE s2 REPLICA IDENTITY FULL")
+    pg.execute("INSERT INTO s2 VALUES (1, 1, 1, 'a'), (2, 2, 2, 'b'), (3, 3, 3, 'c')")
+    config = make_config(
+        pg, tmp_path / "lake", [{"name": "s2", "history": True, "changelog": True}]
+    )
+    Pipeline(config, spark=spark).run(until_caught_up=True)  # the copy
+    pg.execute("INSERT INTO s2 VALUES (4, 4, 4, 'd')")  # streamed before the ADD COLUMN
+    pg.execute("UPDATE s2 SET n = 10 WHERE id = 1")
+    pg.execute("DELETE FROM s2 WHERE id = 3")
+    pg.execute("ALTER TABLE s2 ADD COLUMN c5 int DEFAULT 9")
+    pg.execute("INSERT INTO s2 (id, n, m, vc) VALUES (3001, 1, 1, 'z')")
+    pg.execute("INSERT INTO s2 VALUES (3002, 1, 1, 'y', 5)")
+    pg.execute("UPDATE s2 SET n = 20 WHERE id = 2")  # a row written before, updated after
+    pg.execute("ALTER TABLE s2 ALTER COLUMN m TYPE bigint")  # rewrites: attmissingval cleared
+    pg.execute("UPDATE s2 SET n = 40 WHERE id = 4")
+    pipeline = Pipeline(config, spark=spark)
+    pipeline.run(until_caught_up=True)
+    pipeline.check()
+    assert_equal(pipeline)
+    (table,) = pipeline.plan.tables if pipeline.plan else ()
+    assert_history_matches_mirror(pipeline, table)
+
+    # no row's c5 changed over its life: each image reads the source's value (the deleted
+    # row, written before the column was added, its default)
+    source = {r[0]: r[1] for r in pg.execute("SELECT id, c5 FROM s2")}
+    assert source == {1: 9, 2: 9, 4: 9, 3001: 9, 3002: 5}
+    expected = {**source, 3: 9}
+
+    def images(kind: str) -> list[dict[str, Any]]:
+        return DeltaTarget(table.path(pipeline.layout, kind)).read().to_pylist()
+
+    history = images("history")
+    assert {r["id"] for r in history} == set(expected) and len(history) == 9
+    for row in history:
+        assert row["c5"] == expected[row["id"]], row
+    changelog = images("changelog")
+    assert len(changelog) == 3 + 7  # the copy, then every change
+    for row in changelog:
+        if row["__op"] != "D":  # a delete has only the old image
+            assert row["c5"] == expected[row["id"]], row
+        if row["__op"] in ("U", "D"):  # REPLICA IDENTITY FULL: the whole old row
+            assert row["__old_kind"] == "O"
+            assert row["__old"]["c5"] == expected[row["__old"]["id"]], row
+
+
 @newest_server
 @pytest.mark.parametrize(
     "column",
@@ -117,6 +177,40 @@ def test_a_column_added_by_rewriting_the_table_stops_the_pipeline(
     with pytest.raises(Exception, match=f"rewritten when column '{name}' was added") as failed:
         Pipeline(config, spark=spark).run(until_caught_up=True)
     assert "copy the table again" in str(failed.value)
+
+
+@pytest.mark.parametrize(
+    ("statements", "cause"),
+    [
+        (
+            ["ALTER TABLE t ADD COLUMN c timestamptz DEFAULT now()", "VACUUM FULL t"],
+            r"t was rewritten \(VACUUM FULL, .*\(DEFAULT now\(\)\) is not a literal of its type "
+            "but was computed when the column was added",
+        ),
+        (
+            ["ALTER TABLE t ADD COLUMN c int DEFAULT 9", "ALTER TABLE t ALTER COLUMN c TYPE int8"],
+            r"column 'c' of public\.t had its type changed, .*ALTER COLUMN TYPE stored its "
+            r"default \(DEFAULT 9\) again",
+        ),
+    ],
+    ids=["computed-once", "stored-again"],
+)
+def test_a_value_the_catalog_no_longer_tells_stops_with_its_cause(
+    pg: PgDatabase, statements: list[str], cause: str
+) -> None:
+    """A table rewrite before pgcdc read an ``ADD COLUMN`` removed the value the rows written
+    before it read, and the column's default does not give it back: the error says why (not
+    that the default is computed row by row) and the fix. What the lake's batch asks,
+    without Spark."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    pg.execute("INSERT INTO t VALUES (1), (2)")
+    for statement in statements:
+        pg.execute(statement)
+    table = LakeTable("public", "t", ("id",), "d")
+    with pytest.raises(PipelineError, match=cause) as failed:
+        missing_values(pg.dsn(), table, {"c": pa.int64()})
+    assert "rewritten when column" not in str(failed.value)
+    assert "Fix: copy the table again" in str(failed.value)
 
 
 @newest_server

@@ -611,10 +611,12 @@ def missing_values(
     dsn: str, table: LakeTable, columns: Mapping[str, pa.DataType]
 ) -> dict[str, Any]:
     """The values PostgreSQL gives existing rows in ``columns`` without storing them (a
-    constant ``ADD COLUMN ... DEFAULT``: ``pg_attribute.attmissingval``), as Python values for
-    the lake's Arrow types: decoded from the value's text as the stream's rows are, so that rows
-    already in the lake and rows still in the stream read the same. Columns without one, or
-    whose value does not convert, are left out.
+    constant ``ADD COLUMN ... DEFAULT``: ``pg_attribute.attmissingval``, or the constant default
+    a later table rewrite wrote into the rows), as Python values for the lake's Arrow types:
+    decoded from the value's text as the stream's rows are, so that rows already in the lake and
+    rows still in the stream read the same. Columns without one, or whose value does not
+    convert, are left out; a column whose value the catalog no longer tells stops the pipeline
+    (``source_catalog.unknown_missing_value``).
     """
     if not columns:
         return {}
@@ -626,11 +628,12 @@ def missing_values(
     registry = registry_for(catalog)
     known = {name: source.column(name) for name in columns} if source is not None else {}
     without = [name for name, column in known.items() if column and column.missing is None]
-    if without:  # one connection for them all
+    if without and source is not None:  # one connection for them all
         with connect_sql(dsn) as conn:
             for name in without:
-                if source_catalog.written_when_added(conn, table.schema, table.name, name):
-                    raise _rewritten(table, name)
+                unknown = source_catalog.unknown_missing_value(conn, source.relid, name)
+                if unknown is not None:
+                    raise _unknown_value(table, name, unknown)
     found: dict[str, Any] = {}
     for name, column in known.items():
         if column is None or column.missing is None:
@@ -654,18 +657,44 @@ def missing_values(
     return found
 
 
-def _rewritten(table: LakeTable, name: str) -> Exception:
-    """The error for a column whose ADD COLUMN rewrote the table (see ``missing_values``)."""
+def _unknown_value(table: LakeTable, name: str, unknown: source_catalog.UnknownValue) -> Exception:
+    """The error for an added column whose value in the rows written before it the lake cannot
+    give them (see ``source_catalog.unknown_missing_value``)."""
     from pgcdc.lake.failures import PipelineError  # it imports this module
 
+    default = (
+        f"DEFAULT {unknown.default}" if unknown.default is not None else "GENERATED AS IDENTITY"
+    )
+    if unknown.reason == "row by row":
+        what = (
+            f"{table.table_id} was rewritten when column {name!r} was added: its default "
+            f"({default}) is computed row by row (a volatile function, serial, identity, or a "
+            "domain with constraints), and logical replication sends none of the values "
+            "PostgreSQL wrote, so the lake's existing rows would read NULL there"
+        )
+        avoid = "add the column without a default, then SET DEFAULT and UPDATE the rows in batches"
+    elif unknown.reason == "computed once":
+        what = (
+            f"{table.table_id} was rewritten (VACUUM FULL, CLUSTER or an ALTER TABLE such as a "
+            f"type change) after column {name!r} was added and before pgcdc read the addition: "
+            "the rewrite wrote into the rows the value PostgreSQL had kept for those written "
+            "before the column, and removed it from the catalog; the column's default "
+            f"({default}) is not a literal of its type but was computed when the column was "
+            "added, so the lake cannot give those rows PostgreSQL's value"
+        )
+        avoid = "let pgcdc apply an ADD COLUMN before rewriting the table"
+    else:
+        what = (
+            f"column {name!r} of {table.table_id} had its type changed, rewriting the table, "
+            "before pgcdc read the column's addition: ALTER COLUMN TYPE stored its default "
+            f"({default}) again, and the catalog no longer tells whether rows written before "
+            "the column was added read that default or NULL"
+        )
+        avoid = "let pgcdc apply an ADD COLUMN before changing the column's type"
     return PipelineError(
-        f"{table.table_id} was rewritten when column {name!r} was added: its default is "
-        "computed row by row (a volatile function, serial, identity, or a domain with "
-        "constraints), and logical replication sends none of the values PostgreSQL wrote, so "
-        "the lake's existing rows would read NULL there. Fix: copy the table again: run a new "
-        "pipeline (another slot, publication and lake path), or `pgcdc drop` this one, move its "
-        "lake away and run again; to avoid it, add the column without a default, then SET "
-        "DEFAULT and UPDATE the rows in batches"
+        f"{what}. Fix: copy the table again: run a new pipeline (another slot, publication and "
+        "lake path), or `pgcdc drop` this one, move its lake away and run again; to avoid it, "
+        f"{avoid}"
     )
 
 

@@ -6,7 +6,8 @@ the Delta table's schema with the batch's:
 
 * added columns are added (an empty append with ``mergeSchema``: a metadata-only commit;
   existing rows read NULL), or, when PostgreSQL gave existing rows a value without writing it
-  to the WAL (``ADD COLUMN ... DEFAULT <constant>``, the column's ``attmissingval``), the table
+  to the WAL (``ADD COLUMN ... DEFAULT <constant>``, the column's ``attmissingval``, or that
+  constant default once a later table rewrite wrote it into the rows), the table
   is rewritten with that value in every stored image: every row of the mirror, every version of
   the history, the changelog's new images and whole old images. Every stored image was written
   before the column was added, and PostgreSQL reads such a row with the missing value; the

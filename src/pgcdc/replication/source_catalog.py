@@ -11,8 +11,10 @@ server as parameters or ``sql.Identifier``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pgcdc.replication.database import CODEC_OUTPUT_SETTINGS
 
@@ -27,6 +29,7 @@ __all__ = [
     "ServerFacts",
     "TableColumn",
     "TableShape",
+    "UnknownValue",
     "UserTable",
     "current_columns",
     "current_user",
@@ -44,8 +47,8 @@ __all__ = [
     "server_identity",
     "table_columns",
     "table_shape",
+    "unknown_missing_value",
     "user_tables",
-    "written_when_added",
 ]
 
 # -- the server --------------------------------------------------------------------------------
@@ -220,31 +223,6 @@ def table_shape(conn: psycopg.Connection[Any], schema: str, name: str) -> TableS
     return TableShape(int(rows[0][0]), columns)
 
 
-def written_when_added(conn: psycopg.Connection[Any], schema: str, name: str, column: str) -> bool:
-    """Whether the transaction that added ``column`` (or last set its default) also wrote rows of
-    the table that are still there: an ``ADD COLUMN`` whose default is computed row by row (a
-    volatile function, serial, identity, a domain with constraints) rewrites the table in that
-    transaction, and logical decoding sends none of the rows it wrote. A column added without
-    a default, or given one later, has no such rows. Reads the table (until the first such row:
-    after a rewrite, at once)."""
-    from psycopg import sql
-
-    # no parameters beside the identifier: psycopg would read a '%' in the table's name as one
-    rel = sql.Literal(sql.Identifier(schema, name).as_string(conn))
-    row = conn.execute(
-        sql.SQL(
-            "SELECT EXISTS (SELECT 1 FROM {table} t WHERE t.xmin IN ("
-            " SELECT a.xmin FROM pg_catalog.pg_attribute a"
-            " WHERE a.attrelid = {rel}::regclass AND a.attname = {col}"
-            " AND (a.atthasdef OR a.attidentity <> '')"
-            " UNION ALL SELECT d.xmin FROM pg_catalog.pg_attrdef d"
-            " JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum"
-            " WHERE a.attrelid = {rel}::regclass AND a.attname = {col}))"
-        ).format(table=sql.Identifier(schema, name), rel=rel, col=sql.Literal(column))
-    ).fetchone()
-    return bool(row and row[0])
-
-
 # -- tables, as the Spark source reads them ----------------------------------------------------
 
 
@@ -348,15 +326,27 @@ def read_columns(conn: psycopg.Connection[Any], relids: Sequence[int]) -> list[R
 _MISSING_SETTINGS = CODEC_OUTPUT_SETTINGS
 
 
+@contextmanager
+def _codec_output(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """The session under ``_MISSING_SETTINGS`` (a default's printed constants and the values'
+    text are read under them), reset afterwards."""
+    for name, value in _MISSING_SETTINGS:
+        conn.execute("SELECT pg_catalog.set_config(%s, %s, false)", (name, value))
+    try:
+        yield
+    finally:
+        conn.execute("RESET ALL")
+
+
 def missing_value_texts(
     conn: psycopg.Connection[Any], relids: Sequence[int]
 ) -> dict[tuple[int, str], str]:
     """(relid, column) -> the text of the value that rows written before the column was added
     read (``attmissingval``; ``array_to_string`` of the one-element array is its element's
-    output text, arrays included), under the output settings the codec reads."""
-    for name, value in _MISSING_SETTINGS:
-        conn.execute("SELECT pg_catalog.set_config(%s, %s, false)", (name, value))
-    try:
+    output text, arrays included), under the output settings the codec reads. A column whose
+    value a table rewrite wrote into the rows and removed from the catalog has its constant
+    default's (see ``unknown_missing_value``)."""
+    with _codec_output(conn):
         rows = conn.execute(
             "SELECT a.attrelid::int8, a.attname::text, "
             "pg_catalog.array_to_string(a.attmissingval, ',') "
@@ -365,9 +355,225 @@ def missing_value_texts(
             "AND a.attmissingval::text <> '{NULL}'",
             (list(relids),),
         ).fetchall()
-        return {(int(r), str(n)): str(text) for r, n, text in rows if text is not None}
-    finally:
-        conn.execute("RESET ALL")
+        texts = {(int(r), str(n)): str(text) for r, n, text in rows if text is not None}
+        for default in _defaults_without_missing(conn, relids):
+            if _written_into_rows(default):
+                text = _constant_text(conn, default)
+                if text is not None:
+                    texts[(default.relid, default.name)] = text
+        return texts
+
+
+class UnknownValue(NamedTuple):
+    """Why the value that rows written before a column was added read is not in the catalog
+    any more, and the column's default as PostgreSQL prints it (None: an identity)."""
+
+    #: the ``ADD COLUMN`` computed its default row by row, rewriting the table; a table rewrite
+    #: removed the value the default gave them once, and that default is not a constant; an
+    #: ``ALTER COLUMN ... TYPE`` stored the default again as it rewrote the table, so whether
+    #: the rows read it or NULL is not told
+    reason: Literal["row by row", "computed once", "stored again"]
+    default: str | None
+
+
+class _Default(NamedTuple):
+    """A column without a missing value (``attmissingval``) that has a default or is an
+    identity, with the catalog facts that tell what the rows written before it was added read
+    (see ``unknown_missing_value``)."""
+
+    relid: int
+    schema: str
+    table: str
+    name: str
+    type_oid: int
+    typmod: int
+    identity: bool
+    #: the default as PostgreSQL prints it (None: an identity without one)
+    expression: str | None
+    #: computed row by row by an ``ADD COLUMN``: a volatile function (``nextval`` of serial
+    #: too), or the column's type a domain with constraints
+    row_by_row: bool
+    #: the table's heap is newer than the default: its relfilenode, an OID, was allocated after
+    #: the default's OID, by a rewrite (or a TRUNCATE) after the default was stored (OIDs
+    #: come from one counter; after it wraps around, at 2^32, a newer heap can read older)
+    rewritten_since: bool
+    #: the transactions that last wrote the column's, the table's and the default's catalog rows
+    column_xmin: str
+    table_xmin: str
+    default_xmin: str | None
+
+
+_DEFAULTS_SQL = (
+    "SELECT c.oid::int8, n.nspname::text, c.relname::text, a.attname::text, a.atttypid::int8, "
+    "a.atttypmod, a.attidentity <> '', pg_catalog.pg_get_expr(d.adbin, d.adrelid), "
+    " EXISTS (SELECT 1 FROM pg_catalog.regexp_matches(d.adbin::text, "
+    "  ':(?:funcid|opfuncid) ([0-9]+)', 'g') f "
+    "  JOIN pg_catalog.pg_proc p ON p.oid = f[1]::oid WHERE p.provolatile = 'v') "
+    " OR EXISTS (WITH RECURSIVE base(oid) AS (SELECT a.atttypid UNION "
+    "  SELECT t.typbasetype FROM pg_catalog.pg_type t JOIN base b ON t.oid = b.oid "
+    "  WHERE t.typtype = 'd') "
+    "  SELECT 1 FROM base b JOIN pg_catalog.pg_type t ON t.oid = b.oid WHERE t.typtype = 'd' "
+    "  AND (t.typnotnull OR EXISTS (SELECT 1 FROM pg_catalog.pg_constraint k "
+    "  WHERE k.contypid = t.oid))), "
+    "COALESCE(c.relfilenode::int8 > d.oid::int8, false), "
+    "a.xmin::text, c.xmin::text, d.xmin::text "
+    "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+    "WHERE a.attrelid = ANY(%s::oid[]) AND a.attnum > 0 AND NOT a.attisdropped "
+    "AND a.attgenerated = '' AND NOT a.atthasmissing AND (a.atthasdef OR a.attidentity <> '') "
+    "AND (%s::text IS NULL OR a.attname = %s::text) ORDER BY a.attrelid, a.attnum"
+)
+
+
+def _defaults_without_missing(
+    conn: psycopg.Connection[Any], relids: Sequence[int], column: str | None = None
+) -> list[_Default]:
+    rows = conn.execute(_DEFAULTS_SQL, (list(relids), column, column)).fetchall()
+    return [
+        _Default(int(r), s, t, a, int(ty), int(m), bool(i), e, bool(v), bool(w), xa, xc, xd)
+        for r, s, t, a, ty, m, i, e, v, w, xa, xc, xd in rows
+    ]
+
+
+def _written_into_rows(default: _Default) -> bool:
+    """Whether a table rewrite (``VACUUM FULL``, ``CLUSTER``, an ``ALTER TABLE`` that rewrites)
+    wrote the column's missing value into the rows and removed it from the catalog, the value
+    being its default: a default computed once (not row by row), the table rewritten since it
+    was stored, and the column's catalog row written since too (a rewrite clears
+    ``attmissingval`` there; a default set later by ``SET DEFAULT`` writes both rows at once,
+    and gave the rows written before nothing). The catalog keeps no history: a default
+    changed before the rewrite, or a later change of the column's row (``SET NOT NULL``) after
+    a ``SET DEFAULT``, reads the same."""
+    return (
+        default.expression is not None
+        and not default.identity
+        and not default.row_by_row
+        and default.rewritten_since
+        and default.column_xmin != default.default_xmin
+    )
+
+
+#: A default PostgreSQL prints as one constant: a bare number or boolean, or a quoted literal
+#: with its type (a constant of the column's type, or a number given to a numeric column)
+_BARE = re.compile(r"[0-9]+(?:\.[0-9]+)?|true|false")
+_QUOTED = re.compile(r"'((?:[^']|'')*)'::(.+)", re.DOTALL)
+_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+_NUMBER_TYPES = frozenset({"integer", "bigint", "numeric"})
+
+_TYPE_NAMES_SQL = (
+    "WITH RECURSIVE base(oid, typmod) AS (SELECT %s::oid, %s::int UNION "
+    " SELECT t.typbasetype, t.typtypmod FROM pg_catalog.pg_type t JOIN base b ON t.oid = b.oid "
+    " WHERE t.typtype = 'd') "
+    "SELECT pg_catalog.format_type(oid, NULL) FROM base "
+    "UNION SELECT pg_catalog.format_type(oid, -1) FROM base "
+    "UNION SELECT pg_catalog.format_type(oid, typmod) FROM base"
+)
+
+
+def _constant_text(conn: psycopg.Connection[Any], default: _Default) -> str | None:
+    """The text of the column's value when its default is one constant, read as the column's
+    type reads it (a char(n) padded, a numeric rounded to its scale), under the codec's output
+    settings; None when the default is anything else (an expression, a function such as
+    ``now()``), or its constant does not read as the column's type."""
+    import psycopg
+    from psycopg import sql
+
+    expression = (default.expression or "").strip()
+    quoted = _QUOTED.fullmatch(expression)
+    if quoted is not None:
+        text, type_name = quoted.group(1).replace("''", "'"), quoted.group(2)
+        names = {
+            str(n) for (n,) in conn.execute(_TYPE_NAMES_SQL, (default.type_oid, default.typmod))
+        }
+        if type_name not in names and not (type_name in _NUMBER_TYPES and _NUMBER.fullmatch(text)):
+            return None
+    elif _BARE.fullmatch(expression):
+        text = expression
+    else:
+        return None
+    # the column's own input function, with its typmod and domain, reads the constant, and its
+    # output function prints it (format's %s; a cast to text is not always that: a boolean's
+    # reads 'true', a char(n)'s loses its padding); the text reaches the server as a literal,
+    # the names as identifiers
+    query = sql.SQL(
+        "SELECT pg_catalog.format('%s', (pg_catalog.json_populate_record(NULL::{table}, "
+        "pg_catalog.json_build_object({key}::text, {text}::text))).{column})"
+    ).format(
+        table=sql.Identifier(default.schema, default.table),
+        key=sql.Literal(default.name),
+        text=sql.Literal(text),
+        column=sql.Identifier(default.name),
+    )
+    try:
+        with conn.transaction():
+            row = conn.execute(query).fetchone()
+    except psycopg.Error:
+        return None
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def _written_by(conn: psycopg.Connection[Any], default: _Default, xid: str | None) -> bool:
+    """Whether rows of the table written by transaction ``xid`` are still there (reads the
+    table until the first one)."""
+    from psycopg import sql
+
+    if xid is None:
+        return False
+    # no parameters: psycopg would read a '%' in the table's name as one
+    row = conn.execute(
+        sql.SQL("SELECT EXISTS (SELECT 1 FROM {} t WHERE t.xmin = {}::xid)").format(
+            sql.Identifier(default.schema, default.table), sql.Literal(xid)
+        )
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def unknown_missing_value(
+    conn: psycopg.Connection[Any], relid: int, column: str
+) -> UnknownValue | None:
+    """Why the value rows written before ``column`` was added read cannot be told, when
+    PostgreSQL keeps none for them (no ``attmissingval``); None when it can: NULL, or the
+    constant ``missing_value_texts`` gives.
+
+    * An ``ADD COLUMN`` whose default is computed row by row (a volatile function, serial, an
+      identity, a domain with constraints) rewrites the table in its transaction, and logical
+      decoding sends none of the rows it wrote: rows written by the transaction that stored
+      the default (the identity's column) are still there ("row by row"). Without such rows
+      the default was set later (``SET DEFAULT``): the rows read NULL.
+    * A default computed once (a constant, ``now()``) is kept in ``attmissingval``, which a
+      later table rewrite writes into the rows and clears (``_written_into_rows``): a constant
+      is followed; anything else was computed when the column was added and is lost
+      ("computed once").
+    * ``ALTER COLUMN ... TYPE`` stores the column's default again in the transaction that
+      rewrites the table: the catalog then tells neither when the default was given nor
+      whether a value was kept ("stored again").
+
+    Reads the table (until the first row the transaction wrote) only for the first and last.
+    """
+    with _codec_output(conn):
+        found = _defaults_without_missing(conn, [relid], column)
+        if not found:
+            return None
+        (default,) = found
+        if default.identity or default.row_by_row:
+            xid = default.column_xmin if default.expression is None else default.default_xmin
+            return (
+                UnknownValue("row by row", default.expression)
+                if _written_by(conn, default, xid)
+                else None
+            )
+        if _written_into_rows(default):
+            if _constant_text(conn, default) is None:
+                return UnknownValue("computed once", default.expression)
+            return None
+        if (
+            default.rewritten_since
+            and default.column_xmin == default.default_xmin == default.table_xmin
+            and _written_by(conn, default, default.default_xmin)
+        ):
+            return UnknownValue("stored again", default.expression)
+        return None
 
 
 def relation_name(conn: psycopg.Connection[Any], relid: int) -> tuple[str, str] | None:
