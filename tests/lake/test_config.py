@@ -238,3 +238,78 @@ def test_lake_path_at_a_file_names_the_key_and_the_fix(
 def test_spark_connect_is_refused_for_a_pipeline() -> None:
     found = problems({**BASE, "spark": {"master": "sc://localhost:15002"}})
     assert "Spark Connect" in found["spark.master"] and "local[*]" in found["spark.master"]
+
+
+def test_every_key_takes_its_toml_type_and_nothing_else() -> None:
+    """Issue 41: `history = "yes"` was taken as true, "10" and 5.0 as whole numbers, a dotted
+    key in [spark.conf] as a setting named "spark" holding a Python dict's text. Each key takes
+    its TOML type only; the error names the key, the [[tables]] entry, what it got and the fix."""
+    found = problems(
+        {
+            "source": {
+                **BASE["source"],  # type: ignore[dict-item]
+                "via_partition_root": 1,
+                "connect_timeout": "10",
+                "heartbeat": "msg",
+                "retained_wal_warning": 1.5,
+            },
+            "lake": {"path": "/tmp/lake", "vacuum": "off", "compact_files": 5.0, "history": 0},
+            "metrics": {"port": "9100", "addr": 127},
+            "stream": {"max_changes_per_trigger": 5000.5},
+            "spark": {"conf": {"spark.jars": ["a.jar"]}},
+            "tables": [
+                {"name": "shop.*"},
+                {"name": "shop.orders", "history": "yes", "text_columns": "price"},
+            ],
+        }
+    )
+    assert found["tables[1].history"] == (
+        'must be true or false, got the string "yes" ([[tables]] entry "shop.orders"): '
+        "write history = true or history = false, without quotes"
+    )
+    assert "got the number 1:" in found["source.via_partition_root"]
+    assert "got the number 0:" in found["lake.history"]
+    assert 'got the string "off"' in found["lake.vacuum"]
+    assert "must be a number" in found["source.connect_timeout"]
+    assert "write connect_timeout = 10, without quotes" in found["source.connect_timeout"]
+    assert found["source.heartbeat"] == (
+        'must be "message" or "table", got the string "msg": write heartbeat = "message"'
+    )
+    assert 'a size such as "512MB", got the number 1.5' in found["source.retained_wal_warning"]
+    assert "must be a whole number, got the number 5.0" in found["lake.compact_files"]
+    assert "write port = 9100, without quotes" in found["metrics.port"]
+    assert 'put it in quotes: addr = "127"' in found["metrics.addr"]
+    assert "max_changes_per_trigger = 5000" in found["stream.max_changes_per_trigger"]
+    assert "spark.jars: a Spark setting is a string" in found["spark.conf"]
+    assert 'must be a list, got the string "price"' in found["tables[1].text_columns"]
+    assert (
+        "must be a list, got a table: start each entry with [[tables]]"
+        in problems({**BASE, "tables": {"name": "x"}})["tables"]
+    )
+    # what the documentation promises stays: sizes as strings, seconds as whole numbers
+    config = parse_config(
+        {
+            **BASE,
+            "source": {**BASE["source"], "retained_wal_warning": "5GB", "connect_timeout": 3},  # type: ignore[dict-item]
+            "spark": {"conf": {"spark": {"sql": {"shuffle": {"partitions": 4}}}, "x.y": True}},
+        }
+    )
+    assert config.source.retained_wal_warning == 5 << 30
+    assert config.source.connect_timeout == 3.0
+    assert config.spark.conf == {"spark.sql.shuffle.partitions": "4", "x.y": "true"}
+
+
+def test_a_wrong_type_is_printed_by_the_cli_as_one_line_per_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pgcdc.cli import main
+
+    config = tmp_path / "pipeline.toml"
+    config.write_text(GOOD.replace("changelog = true", 'changelog = "yes"'))
+    code = main(["run", "--config", str(config), "--check"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    text = " ".join(err.split())
+    assert f"invalid pipeline configuration in {config}:" in text
+    assert 'tables[1].changelog: must be true or false, got the string "yes"' in text
+    assert "Traceback" not in err and "pydantic" not in err and "validation error" not in err

@@ -7,6 +7,12 @@ SQL expression is refused before any connection, and only its parse tree, printe
 sent to the server. Relative paths (``lake.path``) are relative to the configuration file's
 directory.
 
+Every key has one type, taken as TOML writes it and never converted: a boolean is ``true`` or
+``false`` (not ``"yes"``, not ``1``), a whole number is written without quotes or fraction, a
+number of seconds may have a fraction, a name or path is a quoted string; a size is a whole
+number of bytes or a string such as ``"512MB"``. A value of another type is an error naming
+the key (and the ``[[tables]]`` entry), what it got and how to write it.
+
 Reference (defaults in brackets):
 
 ``[source]``
@@ -39,7 +45,8 @@ Reference (defaults in brackets):
     ``master`` ["local[*]"]: ``local[N]``, ``spark://host:port``, ``yarn`` or ``k8s://...``
     (not Spark Connect: the lake is written through Delta's Spark connector in the driver's
     JVM); ``app_name`` ["pgcdc"]; ``driver_host``: the address executors reach this process
-    at; ``[spark.conf]``: any Spark settings.
+    at; ``[spark.conf]``: any Spark settings (strings, numbers, booleans; a key quoted or not:
+    TOML's dotted keys are joined back into Spark's names).
 ``[stream]``
     ``trigger_interval`` [5] seconds between micro-batches when running continuously;
     ``max_changes_per_trigger`` [250000] and ``max_bytes_per_trigger`` [none]: batch size
@@ -84,10 +91,11 @@ Example::
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -129,7 +137,13 @@ DEFAULT_RETAINED_WAL_WARNING = 1 << 30
 
 
 def _size(value: object) -> object:
-    return parse_size(value) if isinstance(value, str) else value
+    if isinstance(value, str):
+        return parse_size(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f'must be a whole number of bytes or a size such as "512MB", got {_got(value)}'
+        )
+    return value
 
 
 #: bytes, or a size such as "512MB" in pipeline.toml
@@ -200,7 +214,8 @@ def split_table_name(text: str) -> tuple[str, str]:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    # strict: "yes" is no boolean, "5" and 5.0 are no whole numbers, 5 is no string
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True, strict=True)
 
 
 class SourceSettings(_Model):
@@ -400,6 +415,11 @@ class LakeSettings(_Model):
     @field_validator("path", mode="before")
     @classmethod
     def _path(cls, value: object) -> object:
+        if not isinstance(value, str | Path):
+            raise ValueError(
+                f'must be a string, got {_got(value)}: write path = "lake" (a folder) or '
+                'path = "s3://bucket/prefix"'
+            )
         if isinstance(value, str):
             if not value.strip():
                 raise ValueError("the lake path is empty")
@@ -477,12 +497,31 @@ class SparkSettings(_Model):
     @field_validator("conf", mode="before")
     @classmethod
     def _conf(cls, value: object) -> object:
+        if not isinstance(value, dict):
+            return value  # the type error names what [spark.conf] must be
+        settings: dict[str, str] = {}
+        for name, text in _spark_settings(value):
+            if name in settings:
+                raise ValueError(f"{name} is set twice (once as a quoted key): keep one")
+            settings[name] = text
+        return settings
+
+
+def _spark_settings(table: Mapping[str, object], prefix: str = "") -> Iterator[tuple[str, str]]:
+    """``[spark.conf]`` as Spark's settings, names and values as strings: in TOML an unquoted
+    dotted key (``spark.sql.shuffle.partitions = 4``) is a table in a table, joined back here."""
+    for key, value in table.items():
+        name = f"{prefix}{key}"
         if isinstance(value, dict):
-            return {
-                str(k): (str(v).lower() if isinstance(v, bool) else str(v))
-                for k, v in value.items()
-            }
-        return value
+            yield from _spark_settings(value, f"{name}.")
+        elif isinstance(value, bool):
+            yield name, "true" if value else "false"  # as Spark writes booleans
+        elif isinstance(value, str | int | float):
+            yield name, str(value)
+        else:
+            raise ValueError(
+                f"{name}: a Spark setting is a string, a number or a boolean, got {_got(value)}"
+            )
 
 
 class StreamSettings(_Model):
@@ -651,16 +690,106 @@ class PipelineConfig(_Model):
 _TYPE_LABELS = frozenset(("str", "int", "float", "bool", "list", "dict"))
 
 
+def _is_label(part: int | str) -> bool:
+    """Whether a part of an error's location is a union branch's label pydantic adds."""
+    return isinstance(part, str) and (part in _TYPE_LABELS or any(ch in part for ch in "[(-"))
+
+
 def _key(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in _TYPE_LABELS or any(ch in part for ch in "[(-"):
-            continue  # union branch labels pydantic adds, not keys
-        else:
+        elif not _is_label(part):
             out += f".{part}" if out else part
     return out or "(top level)"
+
+
+def _toml(value: object) -> str:
+    """A string, number or boolean as TOML writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    return repr(value)
+
+
+def _got(value: object) -> str:
+    """What a key was given, in TOML's words."""
+    if isinstance(value, str):
+        return f"the string {_toml(value)}"
+    if isinstance(value, bool):
+        return f"the boolean {_toml(value)}"
+    if isinstance(value, int | float):
+        return f"the number {_toml(value)}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return f"a {type(value).__name__}"  # TOML's dates and times
+
+
+#: what a key of each type takes, in TOML's words, by pydantic's type error
+_EXPECTED = {
+    "bool_type": "true or false",
+    "int_type": "a whole number",
+    "float_type": "a number",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a table",
+    "model_type": "a table",
+}
+
+
+def _is_number(text: str, kind: type[int] | type[float]) -> bool:
+    try:
+        kind(text.strip())
+    except ValueError:
+        return False
+    return True
+
+
+def _how(error: str, loc: tuple[int | str, ...], value: object) -> str:
+    """How to write a value the key of a type error takes."""
+    name = next((p for p in reversed(loc) if isinstance(p, str)), "")
+    item = isinstance(loc[-1], int)  # an item of a list
+    lhs = "" if item or not name else f"{name} = "
+    if error == "bool_type":
+        return f"write {name} = true or {name} = false, without quotes"
+    if error in ("int_type", "float_type"):
+        kind = int if error == "int_type" else float
+        if isinstance(value, str) and _is_number(value, kind):
+            return f"write {lhs}{value.strip()}, without quotes"
+        if isinstance(value, float) and error == "int_type":
+            return f"write a whole number, without a fraction: {lhs}{int(value)}"
+        example = "10" if error == "int_type" else "2.5"
+        return f"write a number without quotes, such as {lhs}{example}"
+    if error == "string_type":
+        if isinstance(value, bool | int | float):
+            return f"put it in quotes: {lhs}{json.dumps(_toml(value))}"
+        return f'write {lhs}"..."'
+    if error == "list_type":
+        if loc == ("tables",) and isinstance(value, dict):
+            return "start each entry with [[tables]], in double brackets"
+        return f'write {lhs}["...", "..."]'
+    if loc and loc[0] == "tables" and len(loc) == 2:
+        return 'write each entry as [[tables]] and its keys below it (name = "schema.table")'
+    return f"write it as a table: [{_key(loc)}] with its keys below it"
+
+
+def _entry(data: Mapping[str, Any], loc: tuple[int | str, ...]) -> str:
+    """`` ([[tables]] entry "shop.orders")`` for a key of a named ``[[tables]]`` entry."""
+    tables = data.get("tables")
+    if len(loc) < 3 or loc[0] != "tables" or not isinstance(loc[1], int) or loc[2] == "name":
+        return ""
+    if (
+        not isinstance(tables, list)
+        or loc[1] >= len(tables)
+        or not isinstance(tables[loc[1]], dict)
+    ):
+        return ""
+    name = tables[loc[1]].get("name")
+    return f" ([[tables]] entry {_toml(name)})" if isinstance(name, str) else ""
 
 
 #: keys earlier versions had, and why they are gone
@@ -674,24 +803,49 @@ _REMOVED = {
 }
 
 
-def _problems(exc: ValidationError) -> list[tuple[str, str]]:
+def _problems(exc: ValidationError, data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    types: dict[str, list[str]] = {}  # a union's branches each report a type error
+    typed: dict[str, tuple[str, tuple[int | str, ...], object]] = {}
     seen: dict[str, str] = {}
     for err in exc.errors(include_url=False):
-        key = _key(tuple(err["loc"]))
+        loc = tuple(p for p in err["loc"] if not _is_label(p))
+        key = _key(loc)
+        kind = err["type"]
+        if kind in _EXPECTED:
+            expected = types.setdefault(key, [])
+            if _EXPECTED[kind] not in expected:
+                expected.append(_EXPECTED[kind])
+            typed.setdefault(key, (kind, loc, err["input"]))
+            seen.setdefault(key, "")
+            continue
         msg = str(err["msg"])
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         msg = msg.replace("Input should be", "should be")
-        if err["type"] == "extra_forbidden" and key in _REMOVED:
+        if kind == "extra_forbidden" and key in _REMOVED:
             msg = _REMOVED[key]
-        elif err["type"] == "extra_forbidden":
-            msg = "unknown key (check its spelling and section)"
-        elif err["type"] == "missing":
+        elif kind == "extra_forbidden":
+            msg = f"unknown key{_entry(data, loc)}: check its spelling and section"
+        elif kind == "missing":
             msg = "required key is missing"
-        if key not in seen:
+        elif kind == "literal_error":
+            # pydantic lists the choices in Python's quotes: 'message' or 'table'
+            choices = str(err.get("ctx", {}).get("expected", "")).replace("'", '"')
+            msg = (
+                f"must be {choices}, got {_got(err['input'])}{_entry(data, loc)}: "
+                f"write {loc[-1]} = {choices.split(' or ')[0].split(', ')[0]}"
+            )
+        elif kind != "value_error":
+            msg = f"{msg}, got {_got(err['input'])}{_entry(data, loc)}"
+        if not seen.get(key):
             seen[key] = msg
         elif msg not in seen[key]:
             seen[key] = f"{seen[key]}; or {msg}"
+    for key, expected in types.items():
+        kind, loc, value = typed[key]
+        what = f"must be {' or '.join(expected)}, got {_got(value)}{_entry(data, loc)}"
+        how = _how(kind, loc, value)
+        seen[key] = f"{what}: {how}" + (f"; or {seen[key]}" if seen[key] else "")
     return list(seen.items())
 
 
@@ -711,7 +865,7 @@ def parse_config(
     try:
         config = PipelineConfig.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(_problems(exc), source=source) from None
+        raise ConfigError(_problems(exc, data), source=source) from None
     path = config.lake.path
     if base_dir is not None and isinstance(path, Path) and not path.is_absolute():
         lake = config.lake.model_copy(update={"path": (base_dir / path).resolve()})
