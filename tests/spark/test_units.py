@@ -42,8 +42,9 @@ from pgcdc.spark.options import (
     parse_size,
     snapshot_settings,
     stream_settings,
+    type_choices,
 )
-from pgcdc.spark.schema import parse_table_column, table_column
+from pgcdc.spark.schema import TypeChoices, parse_table_column, table_column
 from pgcdc.spark.session import local_cores
 from pgcdc.spark.snapshot import (
     PgcdcSnapshotReader,
@@ -135,6 +136,22 @@ def test_options_are_checked_with_the_fix():
         }
     )
     assert snap.row_filters == {("public", "t"): ["a > 1"], ("public", "u"): ["b", "c"]}
+
+
+def test_a_boolean_option_is_true_or_false_as_spark_spells_it():
+    """Issue 41: "yes", "1" and "on" were taken as true (and "no", "0", "off" as false), a
+    rule documented nowhere; Spark's own sources read true or false, in any case."""
+    base = {"dsn": "d", "slot": "s", "publications": "p"}
+    assert type_choices({"jsonasvariant": " TRUE ", "timeastime": "False"}) == TypeChoices(
+        json_as_variant=True, time_as_time=False
+    )
+    assert stream_settings({**base, "binary": "true"}).binary == "true"
+    assert stream_settings({**base, "binary": "Auto"}).binary == "auto"
+    for text in ("yes", "1", "on", "no", "0", "off", ""):
+        with pytest.raises(OptionError, match=r"is not true or false.*Fix: set jsonAsVariant=true"):
+            type_choices({"jsonasvariant": text or " "})
+        with pytest.raises(OptionError, match="option binary="):
+            stream_settings({**base, "binary": text or " "})
 
 
 def test_min_partitions_shrinks_the_partition_target_down_to_a_floor():

@@ -1,7 +1,10 @@
 """The data source's options, parsed and checked once, with errors that name the fix.
 
-Spark hands options over as a case-insensitive mapping of strings. Stream options
-(``spark.readStream.format("pgcdc")``):
+Spark hands options over as a case-insensitive mapping of strings. A boolean option is
+``true`` or ``false`` in any case, as Spark's own sources read theirs (PySpark's
+``.option("jsonAsVariant", True)`` passes ``"true"``); ``yes``, ``1``, ``on`` and the like are
+refused rather than guessed. Sizes follow ``pgcdc.sizes`` (``64m``, ``512MB``), seconds may
+carry an ``s``. Stream options (``spark.readStream.format("pgcdc")``):
 
 =======================  ========================================================================
 ``dsn``                  PostgreSQL connection string (required)
@@ -77,9 +80,6 @@ __all__ = [
     "type_choices",
 ]
 
-_TRUE = ("true", "1", "yes", "on")
-_FALSE = ("false", "0", "no", "off")
-
 
 def type_choices(options: Mapping[str, str]) -> TypeChoices:
     """The options that change column types (both readers): jsonAsVariant, timeAsTime."""
@@ -127,11 +127,12 @@ def _seconds(name: str, text: str) -> float:
 
 def _bool(name: str, text: str) -> bool:
     lowered = text.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise OptionError(f"option {name}={text!r} is not true or false", f"set {name}=true")
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    raise OptionError(
+        f"option {name}={text!r} is not true or false",
+        f"set {name}=true or {name}=false (Spark's spelling of booleans)",
+    )
 
 
 def _names(name: str, text: str) -> tuple[str, ...]:
