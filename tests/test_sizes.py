@@ -1,5 +1,5 @@
-"""One rule for sizes (``pgcdc.sizes``): ``pipeline.toml`` and the Spark source's options read
-the same forms to the same bytes."""
+"""One rule for sizes (``pgcdc.sizes``): ``pipeline.toml``, the Spark source's options and
+``pgcdc tail --memory-limit`` read the same forms to the same bytes."""
 
 from __future__ import annotations
 
@@ -50,3 +50,20 @@ def test_max_bytes_per_trigger_takes_a_size_in_the_config_as_the_option_does() -
     assert StreamSettings(max_bytes_per_trigger=1000).max_bytes_per_trigger == 1000
     with pytest.raises(ValueError, match="greater than 0"):
         StreamSettings(max_bytes_per_trigger=0)
+
+
+def test_tail_memory_limit_takes_a_size_and_refuses_a_negative_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 41: ``--memory-limit`` took only a number of bytes, and a negative one was refused
+    by the spill pool only after tail had connected to the server."""
+    from pgcdc.cli import _parser, main
+
+    tail = ["tail", "--dsn", "host=127.0.0.1 port=1", "--slot", "s", "--publication", "p"]
+    for text, expected in FORMS.items():
+        args = _parser()[0].parse_args([*tail, "--memory-limit", text])
+        assert args.memory_limit == expected
+    with pytest.raises(SystemExit) as exit_info:
+        main([*tail, "--memory-limit", "-5"])
+    assert exit_info.value.code == 2
+    assert "'-5' is not a size: write bytes" in capsys.readouterr().err

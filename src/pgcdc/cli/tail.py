@@ -35,6 +35,7 @@ from pgcdc.replication import (
     create_slot,
     scrub_secrets,
 )
+from pgcdc.sizes import parse_size
 
 log = logging.getLogger("pgcdc.tail")
 
@@ -98,12 +99,21 @@ def register(sub: Any) -> tuple[str, Callable[[argparse.Namespace], int]]:
     )
     p.add_argument(
         "--memory-limit",
-        type=int,
+        type=_size,
         default=64 << 20,
-        metavar="BYTES",
-        help="buffered changes beyond this spill to disk (default 64 MiB)",
+        metavar="SIZE",
+        help="buffered changes beyond this spill to disk: bytes or a size such as 256MB "
+        "(default 64MB)",
     )
     return NAME, run
+
+
+def _size(text: str) -> int:
+    """``--memory-limit``: a size as ``pipeline.toml`` and the Spark options read one."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:  # negative numbers too: the form has no sign
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
