@@ -14,7 +14,8 @@ from typing import Any, NoReturn, TypeAlias
 import psycopg
 
 from pgcdc.replication.errors import describe_server, dsn_user
-from pgcdc.replication.failures import classify
+from pgcdc.replication.failures import Doing, classify
+from pgcdc.replication.transport import TransportError, open_pgconn
 
 __all__ = [
     "CODEC_OUTPUT_SETTINGS",
@@ -48,8 +49,9 @@ def raise_sql_error(
     target: str | psycopg.Connection[Any],
     *,
     slot: str | None = None,
+    doing: Doing = Doing.SQL,
 ) -> NoReturn:
-    """Raise the ``ReplicationError`` for a psycopg 3 error."""
+    """Raise the ``ReplicationError`` for a psycopg 3 error of a call ``doing`` that."""
     server = (
         server_name(target) if isinstance(target, psycopg.Connection) else (describe_server(target))
     )
@@ -65,6 +67,7 @@ def raise_sql_error(
         slot=slot,
         user=_user(target),
         lost=isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError),
+        doing=doing,
     )
     raise failure.error from None
 
@@ -128,11 +131,22 @@ def _with_options(dsn: str, settings: tuple[tuple[str, str], ...]) -> str:
 
 
 def connect_sql(dsn: str, *, connect_timeout: float = 10.0) -> psycopg.Connection[Any]:
-    """An autocommit psycopg 3 connection, or the ``ReplicationError`` saying why not."""
+    """An autocommit psycopg 3 connection, or the ``ReplicationError`` saying why not.
+
+    The connection is made as the replication connections are (``open_pgconn``), so that a
+    server's refusal carries its SQLSTATE whatever language the server writes (psycopg's
+    ``connect`` gives only the message), and then handed to psycopg.
+    """
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, round(connect_timeout)))
-    except psycopg.Error as exc:
-        raise_sql_error(exc, dsn)
+        pgconn = open_pgconn(dsn, connect_timeout=connect_timeout)
+    except TransportError as exc:
+        failure = classify(
+            exc.message, exc.sqlstate, server=describe_server(dsn), user=dsn_user(dsn), lost=True
+        )
+        raise failure.error from None
+    conn = psycopg.Connection(pgconn)
+    conn.autocommit = True
+    return conn
 
 
 @contextmanager

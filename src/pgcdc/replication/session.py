@@ -56,7 +56,7 @@ from pgcdc.replication.errors import (
     dsn_user,
 )
 from pgcdc.replication.events import Idle, Reconnected, ReplicationEvent
-from pgcdc.replication.failures import classify
+from pgcdc.replication.failures import classify, doing_in_phase
 from pgcdc.replication.feedback import FeedbackTracker
 from pgcdc.replication.options import ResolvedOptions, StreamOptions, resolve_options
 from pgcdc.replication.publication import missing_publications
@@ -427,6 +427,7 @@ class ReplicationSession:
             slot=self.slot,
             user=self._user,
             lost=exc.lost,
+            doing=doing_in_phase(exc.phase),
         )
         transient = failure.transient or (
             reconnecting and isinstance(failure.error, SlotActiveError)

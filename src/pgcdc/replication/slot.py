@@ -37,7 +37,7 @@ from pgcdc.replication.errors import (
     SlotNotFoundError,
     describe_server,
 )
-from pgcdc.replication.failures import classify
+from pgcdc.replication.failures import Doing, classify, doing_in_phase
 from pgcdc.replication.transport import (
     LibpqTransport,
     ReplicationTransport,
@@ -252,7 +252,7 @@ def create_slot(
                 (name, temporary, two_phase),
             ).fetchone()
         except psycopg.Error as exc:
-            raise_sql_error(exc, conn, slot=name)
+            raise_sql_error(exc, conn, slot=name, doing=Doing.CREATE_SLOT)
     assert row is not None
     created = CreatedSlot(row[0], Lsn.parse(row[1]))
     log.info(
@@ -360,7 +360,9 @@ def create_slot_with_snapshot(
         # the snapshot is held in an idle transaction for as long as the copy runs
         transport = transport_factory(without_time_limits(dsn), connect_timeout=connect_timeout)
     except TransportError as exc:
-        raise classify(exc.message, exc.sqlstate, server=server, slot=name).error from None
+        raise classify(
+            exc.message, exc.sqlstate, server=server, slot=name, doing=doing_in_phase(exc.phase)
+        ).error from None
     options = [sql.SQL("SNAPSHOT 'export'")]
     if two_phase:
         options.append(sql.SQL("TWO_PHASE true"))
@@ -374,7 +376,9 @@ def create_slot_with_snapshot(
         rows = transport.command(command.as_string())
     except TransportError as exc:
         transport.close()
-        raise classify(exc.message, exc.sqlstate, server=server, slot=name).error from None
+        raise classify(
+            exc.message, exc.sqlstate, server=server, slot=name, doing=doing_in_phase(exc.phase)
+        ).error from None
     if len(rows) != 1 or len(rows[0]) < 3:
         transport.close()
         raise ReplicationError(
@@ -466,6 +470,6 @@ def drop_slot(
                     terminated = False  # someone else took the slot meanwhile
                     time.sleep(0.05)
                     continue
-                raise_sql_error(exc, conn, slot=name)
+                raise_sql_error(exc, conn, slot=name, doing=Doing.SLOT)
             log.info("dropped replication slot %s", name)
             return True

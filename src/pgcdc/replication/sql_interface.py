@@ -26,13 +26,14 @@ streamed transaction's blocks interleave with other commits). Two mechanisms do 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 
@@ -62,6 +63,7 @@ from pgcdc.replication.errors import (
     describe_server,
 )
 from pgcdc.replication.events import Idle, Reconnected, ReplicationEvent, WalData
+from pgcdc.replication.failures import Doing
 from pgcdc.replication.options import ResolvedOptions, StreamOptions, resolve_options
 from pgcdc.replication.publication import missing_publications
 from pgcdc.replication.reconnect import Backoff, ReconnectPolicy
@@ -372,10 +374,8 @@ class SqlSlotReader:
             return
         try:
             row = conn.execute(_ADVANCE, (self.slot, str(target))).fetchone()
-        except (psycopg.OperationalError, psycopg.InterfaceError):
-            raise
         except psycopg.Error as exc:
-            raise_sql_error(exc, conn, slot=self.slot)
+            self._failed(exc, conn)
         assert row is not None
         moved = Lsn.parse(row[0])
         log.debug("advanced slot %s from %s to %s", self.slot, self._base, moved)
@@ -395,10 +395,8 @@ class SqlSlotReader:
             rows = conn.execute(
                 _PEEK, (self.slot, self._skip + self.batch_size, resolved.flat())
             ).fetchall()
-        except (psycopg.OperationalError, psycopg.InterfaceError):
-            raise
         except psycopg.Error as exc:
-            raise_sql_error(exc, conn, slot=self.slot)
+            self._failed(exc, conn)
         fresh = [
             (Lsn.parse(lsn), int(xid or 0), bytes(data)) for lsn, xid, data in rows[self._skip :]
         ]
@@ -461,12 +459,28 @@ class SqlSlotReader:
             self._open_streams.discard(xid)
             self._ended[xid] = unit.key[0]
 
+    def _failed(self, exc: psycopg.Error, conn: psycopg.Connection[Any]) -> NoReturn:
+        """Raise the error of a peek or an advance (a connection's own error as it is, for
+        ``_lose``). The slot is not held between two calls, so it may have been dropped or
+        invalidated meanwhile: where the SQLSTATE does not say whether the slot or a
+        publication is missing (42704 for both), or why the slot cannot be used (55000), the
+        catalog says, not the message (in the server's language)."""
+        if exc.sqlstate in ("42704", "55000"):
+            # raises what it finds wrong with the slot (missing, invalidated, ...)
+            with contextlib.suppress(ServerUnreachableError):  # then the SQLSTATE decides
+                require_usable_slot(conn, self.slot, allow_active=True)
+            if exc.sqlstate == "42704":  # the slot is there: a publication is not
+                raise_sql_error(exc, conn, slot=self.slot, doing=Doing.DECODE)
+        elif isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            raise exc
+        raise_sql_error(exc, conn, slot=self.slot, doing=Doing.SLOT)
+
     def _lose(self, exc: psycopg.Error) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
         try:
-            raise_sql_error(exc, self.dsn, slot=self.slot)
+            raise_sql_error(exc, self.dsn, slot=self.slot, doing=Doing.SLOT)
         except ServerUnreachableError as error:
             log.warning(
                 "SQL connection to %s for slot %s lost (slot at %s): %s",

@@ -35,6 +35,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgcdc.errors import PgcdcError
 from pgcdc.lsn import Lsn
+from pgcdc.replication import libpq
 from pgcdc.replication.errors import scrub_secrets
 from pgcdc.replication.events import WalData
 
@@ -45,6 +46,7 @@ __all__ = [
     "ReplicationTransport",
     "TransportError",
     "TransportFactory",
+    "open_pgconn",
     "start_replication_command",
 ]
 
@@ -193,6 +195,73 @@ def _cell(value: bytes | None, oid: int) -> Any:
     return value.decode("utf-8", "replace")
 
 
+def open_pgconn(dsn: str, *, connect_timeout: float, **params: str) -> pq.abc.PGconn:
+    """A new libpq connection to ``dsn`` (with ``params`` added), in non-blocking mode.
+
+    Each host (and address) of ``dsn`` is tried in turn, each with the whole timeout: libpq's own
+    iteration never leaves a host that accepts and then stays silent, since PQconnectPoll leaves
+    connect_timeout to the caller (psycopg's connect does this too). Nothing here blocks in
+    libpq: psycopg's ``pq`` keeps the GIL in blocking calls (PQconnectdb), which would stop every
+    other thread of the process for as long as the server takes. A refused connection raises
+    ``TransportError`` with the server's SQLSTATE (``pgcdc.replication.libpq``): its message is
+    in the server's language.
+    """
+    timeout = max(1, round(connect_timeout))
+    try:
+        attempts = conninfo_attempts(conninfo_to_dict(dsn, **params))
+    except psycopg.Error as exc:  # a malformed DSN, or no host resolved
+        raise TransportError(str(exc), sqlstate=None, phase="connect", lost=True) from None
+    failure: TransportError | None = None
+    for attempt in attempts:
+        conn = pq.PGconn.connect_start(make_conninfo("", **attempt).encode())
+        verbose = libpq.verbose_errors(conn)
+        try:
+            _connect(conn, timeout)
+        except TransportError as exc:
+            conn.finish()
+            failure = exc
+            continue
+        if verbose:
+            libpq.default_errors(conn)
+        conn.nonblocking = 1
+        return conn
+    assert failure is not None
+    raise failure
+
+
+def _connect(conn: pq.abc.PGconn, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    status = pq.PollingStatus.WRITING
+    while status != pq.PollingStatus.OK:
+        if status == pq.PollingStatus.FAILED or conn.status == pq.ConnStatus.BAD:
+            message, sqlstate = libpq.split_sqlstate(conn.get_error_message())
+            raise TransportError(
+                " ".join(message.split()) or "the connection failed",
+                sqlstate=sqlstate,
+                phase="connect",
+                lost=True,
+            )
+        if status != pq.PollingStatus.ACTIVE:
+            left = deadline - time.monotonic()
+            if left <= 0 or not _ready(conn, status == pq.PollingStatus.WRITING, left):
+                host = conn.host.decode(errors="replace")
+                raise TransportError(
+                    f'connection to server at "{host}" failed: timeout expired',
+                    sqlstate=None,
+                    phase="connect",
+                    lost=True,
+                )
+        status = pq.PollingStatus(conn.connect_poll())
+
+
+def _ready(conn: pq.abc.PGconn, write: bool, timeout: float) -> bool:
+    """Wait for the socket to be writable (or readable); whether it became so in time.
+    (``poll``, not ``select``: a process with many files may get a socket above 1023.)"""
+    poller = select.poll()
+    poller.register(conn.socket, select.POLLOUT if write else select.POLLIN)
+    return bool(poller.poll(max(timeout, 0.0) * 1000))
+
+
 class LibpqTransport:
     """``ReplicationTransport`` on libpq, through psycopg 3's ``pq`` wrapper.
 
@@ -210,63 +279,18 @@ class LibpqTransport:
         self._wal_end = 0
         self._positions = (0, 0, 0)  # write, flush, apply: the last status the session sent
         self._replies = 0
-        timeout = max(1, round(connect_timeout))
-        try:
-            params = conninfo_to_dict(dsn, replication="database")
-            # one attempt per host (and address), each with the whole timeout: libpq's own
-            # iteration never leaves a host that accepts and then stays silent, since
-            # PQconnectPoll leaves connect_timeout to the caller (psycopg's connect does this)
-            attempts = conninfo_attempts(params)
-        except psycopg.Error as exc:  # a malformed DSN, or no host resolved
-            raise TransportError(str(exc), sqlstate=None, phase="connect", lost=True) from None
-        failure: TransportError | None = None
-        for attempt in attempts:
-            self._conn = pq.PGconn.connect_start(make_conninfo("", **attempt).encode())
-            self._finished = False
-            try:
-                self._connect(timeout)
-                break
-            except TransportError as exc:
-                self.close()
-                failure = exc
-        else:
-            assert failure is not None
-            raise failure
+        self._conn = open_pgconn(dsn, connect_timeout=connect_timeout, replication="database")
+        self._finished = False
         try:
             # server notices (a WARNING about a slot, say) go to the log, not to stderr
             self._conn.notice_handler = _log_notice
-            self._conn.nonblocking = 1
             self._encoding = pg2pyenc(self._conn.parameter_status(b"client_encoding") or b"UTF8")
         except psycopg.Error as exc:  # an encoding Python has no codec for
             self.close()
             raise TransportError(str(exc), sqlstate=None, phase="connect", lost=True) from None
 
-    def _connect(self, timeout: float) -> None:
-        conn = self._conn
-        deadline = time.monotonic() + timeout
-        status = pq.PollingStatus.WRITING
-        while status != pq.PollingStatus.OK:
-            if status == pq.PollingStatus.FAILED or conn.status == pq.ConnStatus.BAD:
-                message, _ = _server_error(None, conn)
-                raise TransportError(message, sqlstate=None, phase="connect", lost=True)
-            if status != pq.PollingStatus.ACTIVE:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._ready(status == pq.PollingStatus.WRITING, left):
-                    host = conn.host.decode(errors="replace")
-                    raise TransportError(
-                        f'connection to server at "{host}" failed: timeout expired',
-                        sqlstate=None,
-                        phase="connect",
-                        lost=True,
-                    )
-            status = pq.PollingStatus(conn.connect_poll())
-
     def _ready(self, write: bool, timeout: float) -> bool:
-        """Wait for the socket to be writable (or readable); whether it became so in time.
-        (``poll``, not ``select``: a process with many files may get a socket above 1023.)"""
-        poller = select.poll()
-        poller.register(self._conn.socket, select.POLLOUT if write else select.POLLIN)
-        return bool(poller.poll(max(timeout, 0.0) * 1000))
+        return _ready(self._conn, write, timeout)
 
     def _execute(self, text: str, phase: str) -> pq.abc.PGresult:
         """Send one command and wait for its (first) result."""
