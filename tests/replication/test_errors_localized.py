@@ -37,6 +37,7 @@ from psycopg import sql
 from pgcdc.cli.throwaway_server import Cluster
 from pgcdc.replication import (
     PublicationNotFoundError,
+    ReconnectPolicy,
     ReplicationError,
     ReplicationPermissionError,
     ReplicationSession,
@@ -55,9 +56,10 @@ from pgcdc.replication import (
 from pgcdc.replication.database import connect_sql
 from pgcdc.replication.transport import LibpqTransport
 from tests.fix_pg import PgDatabase, _database, drop_slots
-from tests.replication.streams import FAST, setup_table, slot_row, wait_for
+from tests.replication.streams import FAST, read, setup_table, slot_row, wait_for
 
 OPTIONS = StreamOptions(("pub",))
+QUICK = ReconnectPolicy(initial_delay=0.05, max_delay=0.5, max_attempts=40, deadline=30)
 GERMAN = "de_DE.UTF-8"
 PASSWORD = "richtig-4711"
 MAX_SLOTS = 4
@@ -319,6 +321,14 @@ def test_a_server_without_logical_decoding(server: Cluster, language: str) -> No
 def test_no_free_walsender_or_connection(server: Cluster, language: str) -> None:
     """Refused when the connection starts: transient, a reconnect may find room."""
     held: list[LibpqTransport | psycopg.Connection[tuple[object, ...]]] = []
+
+    def walsenders() -> int:
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            query = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender'"
+            row = conn.execute(query).fetchone()
+        return int(str(row[0])) if row else 0
+
+    wait_for(lambda: walsenders() == 0)  # one of an earlier test may still be exiting
     try:
         with pytest.raises(ServerUnreachableError) as err:
             for _ in range(MAX_WAL_SENDERS):
@@ -363,3 +373,32 @@ def test_a_server_shutting_down(server: Cluster, language: str) -> None:
         held.close()
         stopping.join()
         server.start_server()
+
+
+def test_a_fast_shutdown_while_changes_are_unconfirmed(pg: PgDatabase, language: str) -> None:
+    """The walsender of a server shutting down waits for its client to confirm everything it
+    sent; a session with something unconfirmed asks a new connection whether the server is
+    shutting down (SQLSTATE 57P03) and then closes its own. It looked for the English words, so
+    a German server's pg_ctl waited until its timeout."""
+    setup_table(pg)
+    with ReplicationSession(pg.dsn(), "s", OPTIONS, reconnect=QUICK, **FAST) as session:
+        with pg.connect() as conn:
+            for i in range(3):
+                conn.execute("INSERT INTO t VALUES (%s, 'x')", (i,))
+        got = read(session, lambda r: len(r.commits) >= 3)  # none of them confirmed
+        took: list[float] = []
+
+        def restart() -> None:
+            started = time.monotonic()
+            try:
+                pg.cluster.restart()
+            finally:
+                took.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=restart)
+        thread.start()
+        try:
+            read(session, lambda r: bool(r.reconnects), reading=got, timeout=90)
+        finally:
+            thread.join()
+    assert took[0] < 15, took

@@ -56,7 +56,7 @@ from pgcdc.replication.errors import (
     dsn_user,
 )
 from pgcdc.replication.events import Idle, Reconnected, ReplicationEvent
-from pgcdc.replication.failures import classify, doing_in_phase
+from pgcdc.replication.failures import classify, doing_in_phase, sqlstate_of
 from pgcdc.replication.feedback import FeedbackTracker
 from pgcdc.replication.options import ResolvedOptions, StreamOptions, resolve_options
 from pgcdc.replication.publication import missing_publications
@@ -67,6 +67,7 @@ from pgcdc.replication.transport import (
     ReplicationTransport,
     TransportError,
     TransportFactory,
+    open_pgconn,
 )
 
 __all__ = ["ReplicationSession"]
@@ -358,10 +359,12 @@ class ReplicationSession:
         for replies while its client has something unconfirmed may also just have heard
         nothing for half of ``wal_sender_timeout``)."""
         try:
-            conn = connect_sql(self.dsn, connect_timeout=self.connect_timeout)
-        except ReplicationError as exc:
-            return "the database system is shutting down" in str(exc).lower()
-        conn.close()
+            conn = open_pgconn(self.dsn, connect_timeout=self.connect_timeout)
+        except TransportError as exc:
+            # cannot_connect_now: starting up, in recovery or shutting down, and it was up a
+            # moment ago (the message is in the server's language)
+            return sqlstate_of(exc.message, exc.sqlstate) == "57P03"
+        conn.finish()
         return False
 
     def _leave_shutdown(self, transport: ReplicationTransport) -> None:
