@@ -90,6 +90,76 @@ def test_run_until_caught_up_and_verify(
     assert "stream: 1 batches" in err
 
 
+def pgcdc_without_java(
+    tmp_path: Path, *argv: str, prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    """``python -m pgcdc ARGV`` (after ``prefix``) with ``JAVA_HOME`` at a folder with no Java:
+    a command that starts Spark fails with "Spark did not start", so one that fails otherwise
+    did so before any JVM was launched."""
+    env = dict(os.environ, COLUMNS="200", JAVA_HOME=str(tmp_path / "no-java"))
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "pgcdc", *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@newest_server
+def test_a_held_lake_is_refused_before_spark_starts(pg: PgDatabase, tmp_path: Path) -> None:
+    """A second run on a lake another process holds is refused at once, naming the holder,
+    without starting Spark (issue 41: it was refused after Spark's 35 s start)."""
+    from pgcdc.lake.state import run_lock
+    from pgcdc.lake.storage import LakeLocation
+    from pgcdc.lake.tables import LakeLayout
+
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY)")
+    config = write_config(tmp_path, pg, "items")
+    with run_lock(LakeLayout(LakeLocation.parse(tmp_path / "lake"))):
+        done = pgcdc_without_java(tmp_path, "run", "--config", str(config))
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert f"is in use by pgcdc run (pid {os.getpid()} " in done.stderr, done.stderr[-3000:]
+    assert "Spark did not start" not in done.stderr
+    assert pg.execute("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+
+
+@newest_server
+def test_a_read_only_lake_is_refused_by_check_and_before_spark_starts(
+    pg: PgDatabase, tmp_path: Path
+) -> None:
+    """A lake on a read-only mount: ``--check`` says so (it said "configuration OK"), and
+    ``run`` fails naming the path and the fix before starting Spark, without a traceback (it
+    failed with OSError: [Errno 30] after Spark's start-up; issue 41). The read-only mount is
+    a bind mount in a mount namespace of the command's own (``unshare``), gone with it."""
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY)")
+    config = write_config(tmp_path, pg, "items")
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    read_only = (
+        "unshare",
+        "--mount",
+        "sh",
+        "-ec",
+        f'mount --bind "{lake}" "{lake}"; mount -o remount,bind,ro "{lake}"; exec "$@"',
+        "read-only-lake",
+    )
+    for argv in (("run", "--config", str(config), "--check"), ("run", "--config", str(config))):
+        done = pgcdc_without_java(tmp_path, *argv, prefix=read_only)
+        assert done.returncode == 1, done.stderr[-3000:]
+        err = " ".join(done.stderr.split())  # as one line: the console wraps long ones
+        assert f"cannot write to the lake {lake}: {lake}/_pgcdc: Read-only file system" in err
+        assert "Fix: make the lake writable" in err and "lake.path" in err, err[-3000:]
+        assert "Traceback" not in err and "Spark did not start" not in err, err[-3000:]
+        assert "configuration OK" not in err
+    assert list(lake.iterdir()) == []
+    assert pg.execute("SELECT count(*) FROM pg_replication_slots") == [(0,)]
+    assert pg.execute("SELECT count(*) FROM pg_publication") == [(0,)]
+
+
 @pytest.mark.slow
 def test_demo(tmp_path: Path) -> None:
     """The README's first command, end to end, in its own process (its own Spark)."""

@@ -15,7 +15,14 @@ import pytest
 
 from pgcdc.lake import storage
 from pgcdc.lake.config import LakeSettings
-from pgcdc.lake.state import PipelineState, StateError, load_state, run_lock, save_state
+from pgcdc.lake.state import (
+    PipelineState,
+    StateError,
+    check_writable,
+    load_state,
+    run_lock,
+    save_state,
+)
 from pgcdc.lake.storage import LakeLocation, LakePath, LeaseLost, S3Settings, StorageError
 from pgcdc.lake.tables import LakeLayout
 from tests.fix_s3 import S3ProxyServer, s3_client
@@ -254,5 +261,18 @@ def test_a_store_that_ignores_conditional_writes_is_refused(
     try:
         with pytest.raises(StateError, match="ignores conditional writes"), run_lock(layout):
             pass
+        # run --check tries the same (it said "configuration OK")
+        with pytest.raises(StateError, match="ignores conditional writes"):
+            check_writable(layout)
     finally:
         events.unregister("before-sign.s3.PutObject", strip)
+
+
+def test_the_write_check_leaves_nothing(
+    layout: LakeLayout, s3_server: S3ProxyServer, s3_bucket: str
+) -> None:
+    """``run --check`` writes a probe object under ``_pgcdc/`` as a run writes its state and
+    lease (conditionally), and removes it: the bucket is as it was."""
+    check_writable(layout)
+    listing = s3_client(s3_server).list_objects_v2(Bucket=s3_bucket, Prefix="lake/")
+    assert listing.get("KeyCount", 0) == 0, listing.get("Contents")

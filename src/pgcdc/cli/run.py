@@ -341,9 +341,12 @@ def run(args: argparse.Namespace) -> int:
         plan = pipeline.check()
         if args.check:
             from pgcdc.lake.bootstrap import start_point
+            from pgcdc.lake.state import check_writable
 
             # what run would refuse at start (a dropped, lost or foreign slot); reads only
             start_point(config, pipeline.state, pipeline.dsn)
+            # and a lake it cannot write: a probe file under _pgcdc/, removed again
+            check_writable(pipeline.layout)
             out.say(
                 f"configuration OK: {len(plan.tables)} tables "
                 f"({', '.join(t.table_id for t in plan.tables)}), "

@@ -316,12 +316,13 @@ class Pipeline:
         on_started: Callable[[Pipeline], None] | None = None,
     ) -> RunResult:
         """Start or resume the pipeline; returns when caught up (or stopped). The lake is held
-        for the whole run (``run_lock``): a second process on it is refused at once."""
-        # what fails on a bad configuration, source or Spark fails before the lake is created
+        for the whole run (``run_lock``): a second process on it, or a lake this process cannot
+        write, is refused at once, before Spark starts."""
+        # what fails on a bad configuration or source fails before the lake is created
         self.check()
         start_point(self.config, self.state, self.dsn)
-        self.spark()
         with run_lock(self.layout, on_lost=self._lost) as lease:
+            self.spark()
             self.lease = lease
             try:
                 return self._run(until_caught_up=until_caught_up, on_started=on_started)

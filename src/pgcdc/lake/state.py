@@ -46,6 +46,7 @@ __all__ = [
     "PipelineState",
     "StateError",
     "batch_offset",
+    "check_writable",
     "committed_batch",
     "load_state",
     "planned_batch",
@@ -175,9 +176,11 @@ def run_lock(
     the lock however the holder ends (kill -9 included); on S3 it is a lease
     (``pgcdc.lake.storage``) that a later run on the same host takes over at once from a gone
     process, and from any other once it ran out. ``on_lost`` is called (from another thread)
-    if another process took the lake over: the holder must stop writing."""
+    if another process took the lake over: the holder must stop writing. A lake this process
+    cannot write is refused first (``check_writable``)."""
     path = layout.state_dir / RUN_LOCK
     holder = f"{what} (pid {os.getpid()} on {os.uname().nodename})"
+    check_writable(layout)
 
     def lost(other: str) -> None:
         log.error("%s lost the lake %s to %s: stopping", what, layout.root, other)
@@ -200,6 +203,17 @@ def run_lock(
         _HELD[layout.location] = lease
         stack.callback(_HELD.pop, layout.location, None)
         yield lease
+
+
+def check_writable(layout: LakeLayout) -> None:
+    """What ``run`` does to the lake, tried: a file written under ``_pgcdc/`` and removed (and,
+    on S3, whether the store honours conditional writes), leaving nothing behind. A
+    ``StateError`` naming the path and the fix if the lake refuses it (read-only, no
+    permission)."""
+    try:
+        layout.location.store().probe(layout.state_dir.key)
+    except StorageError as exc:
+        raise StateError(str(exc)) from None
 
 
 #: the lease this process holds on a lake (``run_lock``): ``save_state`` checks it

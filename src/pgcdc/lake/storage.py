@@ -26,6 +26,7 @@ import fcntl
 import json
 import logging
 import os
+import pwd
 import socket
 import threading
 import time
@@ -217,7 +218,9 @@ class LakeStore(Protocol):
 
     ``write`` replaces the whole object at once (readers never see part of it); ``expect`` makes
     it conditional: ``None``, only if the object does not exist; a tag from ``read``, only if
-    it is still that version; ``ANY``, always. A lost condition raises ``StoreConflict``."""
+    it is still that version; ``ANY``, always. A lost condition raises ``StoreConflict``.
+    ``probe`` does what a run does to the folder ``key`` (a file written, then removed) and
+    leaves nothing behind; a ``StorageError`` naming the path and the fix if refused."""
 
     def read(self, key: str) -> Stored | None: ...
 
@@ -232,6 +235,8 @@ class LakeStore(Protocol):
     def remove(self, key: str) -> None: ...
 
     def remove_tree(self, key: str) -> int: ...
+
+    def probe(self, key: str) -> None: ...
 
     def lease(
         self, key: str, holder: str, *, on_lost: Callable[[str], None]
@@ -382,11 +387,43 @@ class LocalStore:
         shutil.rmtree(path)
         return count
 
+    def _not_writable(self, exc: OSError, path: Path) -> StorageError:
+        where = exc.filename or path
+        return StorageError(
+            f"cannot write to the lake {self.root}: {where}: {exc.strerror or exc}. pgcdc keeps "
+            "its state, lock and checkpoint under _pgcdc/ there and writes the tables. Fix: make "
+            f"the lake writable for this user ({_user()}), e.g. mount it read-write, or point "
+            "lake.path at a writable folder"
+        )
+
+    def probe(self, key: str) -> None:
+        folder = self._path(key)
+        made: list[Path] = []  # the folders made for the probe, deepest first
+        parent = folder
+        while not parent.exists() and parent != parent.parent:
+            made.append(parent)
+            parent = parent.parent
+        probe = folder / f".probe-{os.getpid()}-{uuid.uuid4().hex}"
+        try:
+            for each in reversed(made):
+                each.mkdir(exist_ok=True)
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+            probe.unlink()
+        except OSError as exc:
+            raise self._not_writable(exc, probe) from None
+        finally:
+            for each in made:
+                with contextlib.suppress(OSError):
+                    each.rmdir()
+
     @contextlib.contextmanager
     def lease(self, key: str, holder: str, *, on_lost: Callable[[str], None]) -> Iterator[Lease]:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise self._not_writable(exc, path) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -588,8 +625,8 @@ class S3Store:
         and renewed every ``RENEW_SECONDS`` with ``If-Match`` its own last ETag. One held by
         a process gone from this host, or not renewed for ``LEASE_SECONDS``, is taken over
         (``If-Match`` the ETag read: one contender wins). A renewal that loses means another
-        process took the lake: ``on_lost`` is called (the holder must stop writing)."""
-        self._check_conditional_writes(key)
+        process took the lake: ``on_lost`` is called (the holder must stop writing). Take it
+        after ``probe``: a store that ignores conditional writes cannot keep a lease."""
         lease = self._acquire(key, holder)
         thread = threading.Thread(
             target=self._renew, args=(lease, on_lost), name="pgcdc-lease", daemon=True
@@ -605,12 +642,16 @@ class S3Store:
                 if found is not None and found.tag == lease.tag:
                     self.remove(key)
 
-    def _check_conditional_writes(self, key: str) -> None:
-        """Refuse a store that ignores If-None-Match/If-Match on PUT (several S3-compatible
-        ones do): the lease would then let two processes hold the lake at once."""
-        probe = f"{key}.probe-{uuid.uuid4().hex}"
+    def probe(self, key: str) -> None:
+        """Write a probe object under ``key`` (conditionally, as the lease and the state are
+        written) and remove it; refuse a store that ignores If-None-Match/If-Match on PUT
+        (several S3-compatible ones do): the lease would then let two processes hold the lake
+        at once."""
+        probe = f"{key}/.probe-{uuid.uuid4().hex}" if key else f".probe-{uuid.uuid4().hex}"
+        written = False
         try:
             tag = self.write(probe, b"1", expect=None)
+            written = True
             for expect in (None, tag + "x"):  # exists; another version
                 try:
                     self.write(probe, b"2", expect=expect)
@@ -623,9 +664,12 @@ class S3Store:
                     "Fix: use a store that supports them (AWS S3, a recent MinIO), or a local "
                     "lake"
                 )
-        finally:
-            with contextlib.suppress(StorageError):
-                self.remove(probe)
+        except BaseException:
+            if written:
+                with contextlib.suppress(StorageError):
+                    self.remove(probe)
+            raise
+        self.remove(probe)  # a run removes objects too (the lease, vacuums): refused, it fails
 
     def _body(self, holder: str) -> dict[str, Any]:
         return {
@@ -764,6 +808,14 @@ def _expired(body: dict[str, Any]) -> bool:
     ):
         return _process_start(body["pid"]) != body.get("process_start")
     return False
+
+
+def _user() -> str:
+    """This process's user, for messages about permissions."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return f"uid {os.geteuid()}"
 
 
 def _pid_namespace() -> str | None:
