@@ -136,8 +136,16 @@ def write_config(
 # -- the pipeline as a subprocess ----------------------------------------------------------------
 
 
-def start_run(config: Path, log: Path, *, until_caught_up: bool, verify: bool = False) -> Any:
-    """``python -m pgcdc run`` in its own session (process group), output appended to ``log``."""
+def start_run(
+    config: Path,
+    log: Path,
+    *,
+    until_caught_up: bool,
+    verify: bool = False,
+    prefix: tuple[str, ...] = (),
+) -> Any:
+    """``python -m pgcdc run`` in its own session (process group), output appended to ``log``;
+    ``prefix``: a command that runs it (e.g. ``timeout``), the session's leader then."""
     argv = [sys.executable, "-m", "pgcdc", "--log-level", "INFO", "run", "--config", str(config)]
     if until_caught_up:
         argv.append("--until-caught-up")
@@ -148,7 +156,7 @@ def start_run(config: Path, log: Path, *, until_caught_up: bool, verify: bool = 
         out.write(f"\n===== {' '.join(argv[2:])} =====\n".encode())
         out.flush()
         return subprocess.Popen(
-            argv,
+            [*prefix, *argv],
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=config.parent,

@@ -1,16 +1,19 @@
 """The driver JVM's class data sharing archive (pgcdc.spark.jvm), with real JVMs.
 
 A session's JVM writes the archive when it exits and the next session's JVM maps it; one writer
-at a time; an archive that does not map (truncated) is never installed.
+at a time; an archive that does not map (truncated) is never installed. The JVM is launched deaf
+to SIGTERM, and nothing else is.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from pgcdc.spark.jvm import (
     ArchiveWriter,
     JavaLaunch,
     archive_usable,
+    deaf_to_sigterm,
     java_binary,
     launch_options,
 )
@@ -173,3 +177,32 @@ def test_an_archive_that_does_not_map_is_never_installed(spark: Any, tmp_path: P
     assert not any(p.exists() for p in left) and all(p.exists() for p in fresh)
     # finishing leaves this process's Spark alone (spark_session's exit hook stops it first)
     assert spark.range(3).count() == 3
+
+
+def _child_ignores_sigterm() -> bool:
+    """Whether a process started here (as pyspark starts the JVM: with a ``preexec_fn``)
+    begins with SIGTERM ignored."""
+    status = subprocess.run(
+        ["grep", "SigIgn", "/proc/self/status"],
+        preexec_fn=lambda: None,  # a fork with at-fork hooks, as pyspark launches the JVM
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return bool(int(status.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def test_only_what_the_launching_thread_starts_is_deaf_to_sigterm() -> None:
+    """Inside ``deaf_to_sigterm`` the processes this thread starts ignore SIGTERM; this process
+    keeps its own handling, and processes other threads start meanwhile are unaffected."""
+    own = signal.getsignal(signal.SIGTERM)
+    assert not _child_ignores_sigterm()
+    with deaf_to_sigterm():
+        assert _child_ignores_sigterm()
+        other: list[bool] = []
+        thread = threading.Thread(target=lambda: other.append(_child_ignores_sigterm()))
+        thread.start()
+        thread.join(30)
+        assert other == [False]
+        assert signal.getsignal(signal.SIGTERM) is own
+    assert not _child_ignores_sigterm()

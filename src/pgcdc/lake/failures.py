@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -198,14 +199,57 @@ def spark_reason(error: BaseException) -> str:
 
 
 def spark_hint(error: BaseException) -> str:
-    """The fix for failures of Spark itself: its driver ran out of memory, or its JVM is gone
-    (``spark_session`` makes the JVM exit on OutOfMemoryError rather than hang)."""
+    """The fix for failures of Spark itself: its driver ran out of memory, or its JVM is gone.
+    How a gone JVM ended tells which (``pgcdc.spark.session.driver_exit``, waiting a few
+    seconds for one that is exiting): a JVM killed by a signal did not run out of its heap
+    (``spark_session`` makes the JVM exit with status 3 on OutOfMemoryError rather than hang)."""
+    from pgcdc.spark.session import driver_exit
+
     text = f"{type(error).__name__}: {error}"
-    if any(marker in text for marker in _OUT_OF_MEMORY + _JVM_GONE):
+    out_of_memory = any(marker in text for marker in _OUT_OF_MEMORY)
+    if not out_of_memory and not any(marker in text for marker in _JVM_GONE):
+        return ""
+    exit_status = None if out_of_memory else driver_exit()
+    out_of_memory = out_of_memory or exit_status == 3
+    unconfirmed = (
+        "Nothing of the failed batch was confirmed to PostgreSQL: the next start applies it"
+    )
+    signum = _killed_by(exit_status)
+    if signum == signal.SIGKILL and not out_of_memory:
         return (
-            "; Spark's driver ran out of memory or stopped (a micro-batch holds whole source "
-            "transactions, so a very large transaction needs a driver heap to match). Nothing "
-            "of the failed batch was confirmed to PostgreSQL. Fix: give the driver more memory, "
-            'e.g. [spark.conf] "spark.driver.memory" = "4g", and run again'
+            f"; Spark's driver JVM was killed by SIGKILL (by another process, or by the kernel "
+            f"when the machine ran out of memory). {unconfirmed}. Fix: look for the kernel's "
+            "out-of-memory killer in the system log (then give the machine more memory, or "
+            '[spark.conf] "spark.driver.memory" less), and run again'
         )
-    return ""
+    if signum is not None and not out_of_memory:
+        name = signal.Signals(signum).name
+        return (
+            f"; Spark's driver JVM was stopped by {name} from another process (one that "
+            f"signals pgcdc's whole process group or service, or the JVM alone). {unconfirmed}. "
+            f"Fix: send {name} to pgcdc's process only (it stops Spark after the batch in "
+            "progress), and run again"
+        )
+    if exit_status is not None and not out_of_memory:
+        return (
+            f"; Spark's driver JVM exited with status {exit_status} (its log above says why). "
+            f"{unconfirmed}"
+        )
+    return (
+        "; Spark's driver ran out of memory or stopped (a micro-batch holds whole source "
+        "transactions, so a very large transaction needs a driver heap to match). Nothing "
+        "of the failed batch was confirmed to PostgreSQL. Fix: give the driver more memory, "
+        'e.g. [spark.conf] "spark.driver.memory" = "4g", and run again'
+    )
+
+
+def _killed_by(exit_status: int | None) -> int | None:
+    """The signal that ended a JVM: one that killed it (status -N), or one whose handler
+    made it exit with 128+N (SIGHUP, SIGINT, SIGTERM run the JVM's shutdown hooks first)."""
+    if exit_status is None:
+        return None
+    signum = -exit_status if exit_status < 0 else exit_status - 128
+    known = {s.value for s in signal.Signals}
+    if exit_status < 0 or signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        return signum if signum in known else None
+    return None

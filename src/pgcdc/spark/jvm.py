@@ -21,6 +21,16 @@ one ``pgcdc.spark.session.python_spark_home`` uses; ``spark_session`` applies th
 The JVM ignores an archive it cannot use (another JDK, class path or options), quietly: the
 options turn its ``cds`` log off. ``PGCDC_JVM_CDS=0`` (or ``class_data_sharing=False``) turns
 the archive off.
+
+``deaf_to_sigterm``: the driver JVM launched inside it starts with SIGTERM ignored, and so does
+every process it starts (Spark's Python daemons and workers inherit the disposition; the daemon
+module ``pgcdc.spark.daemon`` keeps it). A service manager's stop signal, sent to the process
+group (``timeout``, a terminal's job control, an init that forwards it) or to every process of
+the service (systemd's ``KillMode=control-group``), then reaches only the Python process that
+started Spark, which stops it after the batch in progress. Spark's processes still end with
+that process, however it ends: the JVM exits when its standard input (a pipe from its parent)
+closes, and its Python processes when the JVM closes their sockets or pipes. SIGKILL reaches
+them all. pyspark launches the JVM with SIGINT ignored already, for Ctrl-C.
 """
 
 from __future__ import annotations
@@ -30,15 +40,24 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ArchiveWriter", "JavaLaunch", "archive_usable", "java_binary", "launch_options"]
+__all__ = [
+    "ArchiveWriter",
+    "JavaLaunch",
+    "archive_usable",
+    "deaf_to_sigterm",
+    "java_binary",
+    "launch_options",
+]
 
 log = logging.getLogger("pgcdc.spark")
 
@@ -311,3 +330,39 @@ def launch_options(
             ArchiveWriter(java, temporary, archive, lock),
         )
     return None
+
+
+#: the threads inside ``deaf_to_sigterm``
+_launchers: set[int] = set()
+_launchers_lock = threading.Lock()
+_registered = False
+
+
+def _ignore_sigterm_in_child() -> None:
+    """After a fork in a thread inside ``deaf_to_sigterm``: the child (spark-submit, which
+    execs the JVM) starts ignoring SIGTERM. A disposition set to ignore survives exec, a
+    handler does not; pyspark's own ``preexec_fn`` (SIGINT ignored) cannot be replaced, and a
+    fork runs the interpreter's at-fork hooks right before it."""
+    if threading.get_ident() in _launchers:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def deaf_to_sigterm() -> Iterator[None]:
+    """Processes this thread starts with ``os.fork``, or through ``subprocess`` with a
+    ``preexec_fn`` (as pyspark's ``launch_gateway`` does), start with SIGTERM ignored (see the
+    module doc); this process's own SIGTERM handling is unchanged throughout."""
+    global _registered
+    me = threading.get_ident()
+    with _launchers_lock:
+        if not _registered:
+            os.register_at_fork(after_in_child=_ignore_sigterm_in_child)
+            _registered = True
+        nested = me in _launchers
+        _launchers.add(me)
+    try:
+        yield
+    finally:
+        if not nested:
+            with _launchers_lock:
+                _launchers.discard(me)

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pgcdc.spark.jvm import ArchiveWriter, JavaLaunch, launch_options
+from pgcdc.spark.jvm import ArchiveWriter, JavaLaunch, deaf_to_sigterm, launch_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from pgcdc.spark.snapshot import PgcdcSnapshotReader
 
 __all__ = [
+    "driver_exit",
     "python_spark_home",
     "read_snapshot",
     "read_stream",
@@ -173,7 +174,10 @@ def spark_session(
     zone is UTC, and the driver JVM gets pgcdc's options (``driver_java_options``) before
     ``conf``'s ``spark.driver.extraJavaOptions`` (which can override them). A driver JVM this
     call launches maps Spark's classes from a class data sharing archive, or writes one when it
-    exits (``pgcdc.spark.jvm``), unless ``class_data_sharing`` is False.
+    exits (``pgcdc.spark.jvm``), unless ``class_data_sharing`` is False. It starts with SIGTERM
+    ignored, as do the processes it starts (``pgcdc.spark.jvm.deaf_to_sigterm``, with the
+    daemon module ``pgcdc.spark.daemon`` unless ``conf`` names another): a stop signal is for
+    the caller, which stops Spark, or exits and takes Spark with it.
     """
     from pyspark.sql import SparkSession
 
@@ -194,6 +198,7 @@ def spark_session(
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
+        "spark.python.daemon.module": "pgcdc.spark.daemon",
     }
     if master.startswith("local"):
         if not os.environ.get("SPARK_HOME"):
@@ -217,7 +222,8 @@ def spark_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:
-        spark = builder.getOrCreate()
+        with deaf_to_sigterm():
+            spark = builder.getOrCreate()
     except BaseException:
         if launch is not None and launch.writer is not None:
             launch.writer.finish(None)  # releases the lock
@@ -226,6 +232,24 @@ def spark_session(
         atexit.register(_write_archive, launch.writer)
     register(spark)
     return spark
+
+
+def driver_exit(timeout: float = 10.0) -> int | None:
+    """The exit status of the driver JVM this process launched, once it exited (waiting up to
+    ``timeout`` seconds for one that is exiting), as ``subprocess`` gives it: ``-N`` when
+    signal N killed it; None while it runs, or when this process launched none."""
+    import subprocess
+
+    from pyspark import SparkContext
+
+    process = getattr(SparkContext._gateway, "proc", None)
+    if process is None:
+        return None
+    try:
+        code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    return int(code)
 
 
 #: seconds the exit hook waits for Spark to stop before it lets the JVM exit anyway
