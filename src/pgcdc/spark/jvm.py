@@ -1,4 +1,5 @@
-"""The driver JVM's class data sharing archive: Spark's classes mapped from one file at start.
+"""How the driver JVM is launched: with a class data sharing archive (Spark's classes mapped
+from one file at start), and deaf to SIGTERM (``deaf_to_sigterm``, at the end).
 
 A JVM starting a Spark session loads, parses and verifies some 15,000 classes from Spark's jars:
 most of a local session's start-up, and most of its CPU on a small machine. Since JDK 13 a JVM
