@@ -14,6 +14,11 @@ runs it, process-tree memory sampling and the JSON result files.
   (collapsed stacks in ``<dir>``; ``python -m tools.bench.profile <file>`` sums them up).
 * ``BENCH_SPARK_CONF='{"key": "value"}'``: Spark settings added to every ``pgcdc run`` (e.g.
   ``spark.eventLog.enabled`` and ``spark.eventLog.dir`` for per-stage times).
+* What the steady-state benchmarks (``bench-scale``, ``bench-wide``) measure with: the
+  pipeline's ``batch N: ...`` log lines (``batch_lines``), each Delta table's batch commits read
+  from its log alone (``LakeLog``: ``userMetadata`` and ``commitInfo.timestamp``, nothing of
+  how the batch wrote them) and when a transaction reached them, and PostgreSQL's native
+  subscriber on a second server with its tick table (``subscribe_natively``, ``tick_times``).
 
 Benchmarks are not tests: nothing here fails on speed.
 """
@@ -33,15 +38,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
+from psycopg import sql
 
 from pgcdc.cli.throwaway_server import Cluster, find_server
+from pgcdc.lsn import Lsn
 
 ROOT = Path(__file__).resolve().parents[2]
 #: where results go: ``bench-results/``, or ``BENCH_RESULTS`` (a trial run's results kept apart)
@@ -83,6 +92,21 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def scaled(value: float, scale: float, minimum: int = 1) -> int:
     return max(minimum, round(value * scale))
+
+
+def stats(values: Sequence[float]) -> dict[str, float | int | None]:
+    """n, p50, p90, p99, max and mean of ``values`` (None when there are none)."""
+    if not len(values):
+        return {"n": 0, "p50": None, "p90": None, "p99": None, "max": None, "mean": None}
+    array = np.asarray(values, dtype=float)
+    return {
+        "n": len(array),
+        "p50": float(np.percentile(array, 50)),
+        "p90": float(np.percentile(array, 90)),
+        "p99": float(np.percentile(array, 99)),
+        "max": float(array.max()),
+        "mean": float(array.mean()),
+    }
 
 
 def machine_info() -> dict[str, Any]:
@@ -415,9 +439,38 @@ def cli_module() -> str:
 
 
 _SNAPSHOT_LINE = re.compile(r"snapshot: (\d+) rows of (\d+) tables in ([0-9.]+) s")
-_BATCH_LINE = re.compile(r"batch \d+: (\d+) changes of .*?, ([0-9.]+) s$", re.MULTILINE)
+_BATCH_LINE = re.compile(
+    r"batch (\d+): (\d+) changes of (\d+) tables?, LSN (\S+) to (\S+), ([0-9.]+) s\b"
+)
 _ERROR_LINE = re.compile(r"OutOfMemory|maxResultSize|Killed|pgcdc run: |\w+(Error|Exception): ")
 _STREAM_LINE = re.compile(r"stream: (\d+) batches, (\d+) changes")
+
+
+def _lsn_or_none(text: str) -> int | None:
+    return None if text == "-" else int(Lsn.parse(text))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLine:
+    """One ``batch N: C changes of T tables, LSN a to b, S s`` line of the pipeline's log: the
+    batch, its changes, the tables it wrote, its LSN range (None: ``-``) and its seconds."""
+
+    batch: int
+    changes: int
+    tables: int
+    min_lsn: int | None
+    max_lsn: int | None
+    seconds: float
+
+
+def batch_lines(output: str) -> list[BatchLine]:
+    """Every batch line of a ``pgcdc run``'s output, in order."""
+    return [
+        BatchLine(
+            int(m[1]), int(m[2]), int(m[3]), _lsn_or_none(m[4]), _lsn_or_none(m[5]), float(m[6])
+        )
+        for m in _BATCH_LINE.finditer(output)
+    ]
 
 
 @dataclass
@@ -452,7 +505,7 @@ class RunOutcome:
     @property
     def batches(self) -> list[tuple[int, float]]:
         """``(changes, seconds)`` of each batch the pipeline logged (``batch N: ...``)."""
-        return [(int(m.group(1)), float(m.group(2))) for m in _BATCH_LINE.finditer(self.output)]
+        return [(b.changes, b.seconds) for b in batch_lines(self.output)]
 
     def error_lines(self, limit: int = 3) -> str:
         """The distinct error lines of a failed run, the root causes first (out of memory,
@@ -614,3 +667,201 @@ def wait_for(what: str, check: Any, timeout: float, interval: float = 0.05) -> f
             raise TimeoutError(f"{what}: not reached within {timeout:g} s")
         time.sleep(interval)
     return time.perf_counter() - started
+
+
+# -- the lake's Delta logs: when a transaction reached the lake -------------------------------
+
+
+def log_entry(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A Delta log entry (``_delta_log/<version>.json``): its ``commitInfo`` and its actions."""
+    info: dict[str, Any] = {}
+    actions = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "commitInfo" in action:
+            info = action["commitInfo"]
+        actions.append(action)
+    return info, actions
+
+
+def pgcdc_metadata(info: Mapping[str, Any]) -> dict[str, Any] | None:
+    """pgcdc's part of a commit's ``userMetadata`` (``{"pgcdc": {...}}``; None without it)."""
+    text = info.get("userMetadata")
+    if not isinstance(text, str):
+        return None
+    try:
+        meta = json.loads(text).get("pgcdc")
+    except (ValueError, AttributeError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def commit_time(info: Mapping[str, Any], path: Path) -> float:
+    """A commit's time in seconds: ``commitInfo.timestamp``, else its log entry's mtime."""
+    stamp = info.get("timestamp")
+    return (stamp if stamp is not None else path.stat().st_mtime * 1000) / 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCommit:
+    """A commit of one of pgcdc's batches in a Delta table's log: its version and time, and its
+    ``userMetadata``'s batch, changes and LSN range (``max_lsn``: the largest commit LSN of the
+    table's changes in the batch)."""
+
+    version: int
+    time: float
+    batch: int
+    changes: int
+    min_lsn: int
+    max_lsn: int
+
+    @classmethod
+    def of(cls, version: int, info: Mapping[str, Any], path: Path) -> BatchCommit | None:
+        """The batch commit a log entry is (None for another commit: the initial copy's,
+        compaction, purge, vacuum)."""
+        meta = pgcdc_metadata(info)
+        if not meta or "batch" not in meta or meta.get("max_lsn") in (None, "-"):
+            return None
+        return cls(
+            version,
+            commit_time(info, path),
+            int(meta["batch"]),
+            int(meta.get("changes", 0)),
+            int(Lsn.parse(meta["min_lsn"])),
+            int(Lsn.parse(meta["max_lsn"])),
+        )
+
+
+class LakeLog:
+    """The batch commits of some Delta tables (``name -> folder``), read from their logs alone
+    as new entries appear: each ``refresh`` reads only the entries written since the last.
+
+    A transaction touching a table is in that Delta table with its first batch commit whose
+    ``max_lsn`` reaches the WAL insert position read in the transaction after its changes
+    (below its commit LSN, above every earlier transaction's when one writer commits them in
+    turn; the pipeline applies whole transactions in commit order), exactly, not as a bound;
+    and in the lake when every Delta table of every table it touched has it: ``arrival``, the
+    latest of those commits' times."""
+
+    def __init__(self, tables: Mapping[str, Path]) -> None:
+        self.tables = dict(tables)
+        self._next: dict[str, int] = {}
+        self._commits: dict[str, list[BatchCommit]] = {name: [] for name in self.tables}
+        self._reach: dict[str, list[int]] = {name: [] for name in self.tables}
+
+    def refresh(self, names: Iterable[str] | None = None) -> LakeLog:
+        for name in self.tables if names is None else names:
+            log_dir = self.tables[name] / "_delta_log"
+            version = self._next.get(name)
+            if version is None:  # the first entry the log still has
+                found = [int(p.stem) for p in log_dir.glob("*.json") if p.stem.isdigit()]
+                if not found:
+                    continue
+                version = min(found)
+            while True:
+                path = log_dir / f"{version:020d}.json"
+                try:
+                    info, _ = log_entry(path)
+                except (OSError, ValueError):  # not written yet
+                    break
+                commit = BatchCommit.of(version, info, path)
+                if commit is not None:
+                    reach = self._reach[name]
+                    reach.append(max(commit.max_lsn, reach[-1] if reach else commit.max_lsn))
+                    self._commits[name].append(commit)
+                version += 1
+            self._next[name] = version
+        return self
+
+    def commits(self, name: str) -> list[BatchCommit]:
+        return self._commits[name]
+
+    def reached(self, name: str, lsn: int) -> float | None:
+        """When ``name`` first had a batch commit whose ``max_lsn`` reaches ``lsn`` (None: not
+        yet, as of the last ``refresh``)."""
+        reach = self._reach[name]
+        i = bisect_left(reach, lsn)
+        return self._commits[name][i].time if i < len(reach) else None
+
+    def arrival(self, lsn: int, names: Iterable[str]) -> float | None:
+        """When a transaction at ``lsn`` was in every one of ``names``: the latest of their
+        first commits reaching it (None while one has none)."""
+        latest: float | None = None
+        for name in names:
+            at = self.reached(name, lsn)
+            if at is None:
+                return None
+            latest = at if latest is None else max(latest, at)
+        return latest
+
+    def has_all(self, last_lsn: Mapping[str, int]) -> bool:
+        """Whether each named Delta table has its position (the last transaction that touched
+        it), refreshing those that did not have it yet."""
+        missing = [n for n, lsn in last_lsn.items() if self.reached(n, lsn) is None]
+        self.refresh(missing)
+        return all(self.reached(n, last_lsn[n]) is not None for n in missing)
+
+
+# -- PostgreSQL's native subscriber: the steady-state benchmarks' anchor ------------------------
+
+_TICK_STAMP = """
+CREATE FUNCTION bench_tick_applied() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.applied_at := clock_timestamp();
+    RETURN NEW;
+END
+$$
+"""
+
+
+def subscribe_natively(
+    src: psycopg.Connection[Any],
+    dst: psycopg.Connection[Any],
+    source: Cluster,
+    tick: str,
+    tables: sql.Composable,
+) -> None:
+    """PostgreSQL's native subscriber on ``dst``, whose tables exist already (empty), the tick
+    table ``tick`` among them: a publication ``FOR`` ``tables`` (its tick table included) and a
+    subscription copying them first. A ``BEFORE INSERT`` trigger on the tick table, ``ENABLE
+    ALWAYS`` so that it fires in the apply worker, stamps each row with ``clock_timestamp()`` as
+    the worker applies it, just before it commits its transaction (``tick_times``)."""
+    ident = sql.Identifier(tick)
+    dst.execute(_TICK_STAMP)
+    dst.execute(
+        sql.SQL(
+            "CREATE TRIGGER bench_tick_applied BEFORE INSERT ON {} "
+            "FOR EACH ROW EXECUTE FUNCTION bench_tick_applied()"
+        ).format(ident)
+    )
+    dst.execute(sql.SQL("ALTER TABLE {} ENABLE ALWAYS TRIGGER bench_tick_applied").format(ident))
+    src.execute(sql.SQL("CREATE PUBLICATION native_pub FOR {}").format(tables))
+    dst.execute(
+        sql.SQL(
+            "CREATE SUBSCRIPTION native CONNECTION {} PUBLICATION native_pub WITH "
+            "(copy_data = true, slot_name = 'native_sub')"
+        ).format(sql.Literal(source.dsn()))
+    )
+
+
+def subscription_ready(dst: psycopg.Connection[Any]) -> bool:
+    """Whether the subscriber has copied every table of its subscription."""
+    pending = scalar(dst, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'")
+    tables = scalar(dst, "SELECT count(*) FROM pg_subscription_rel")
+    return bool(tables) and pending == 0
+
+
+def at_subscriber(dst: psycopg.Connection[Any], tick: str, seq: int) -> bool:
+    """Whether the subscriber applied the transaction numbered ``seq`` (its tick row)."""
+    query = sql.SQL("SELECT count(*) FROM {} WHERE seq = %s").format(sql.Identifier(tick))
+    return bool(scalar(dst, query, (seq,)))
+
+
+def tick_times(dst: psycopg.Connection[Any], tick: str) -> dict[int, float]:
+    """When the subscriber applied each transaction (epoch seconds), by its number."""
+    query = sql.SQL("SELECT seq, extract(epoch FROM applied_at)::float8 FROM {}").format(
+        sql.Identifier(tick)
+    )
+    return {int(seq): float(at) for seq, at in dst.execute(query).fetchall()}

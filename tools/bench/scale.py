@@ -56,9 +56,7 @@ to ``bench-results/scale.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import time
 import uuid
 from collections import Counter
@@ -68,22 +66,31 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from psycopg import sql
 
 from pgcdc.cli.throwaway_server import Cluster
 from pgcdc.lsn import Lsn
 from tools.bench.harness import (
+    LakeLog,
     MemorySampler,
     PgcdcRun,
     add_common_arguments,
+    at_subscriber,
+    batch_lines,
     bench_cluster,
+    commit_time,
     connect,
     log,
+    log_entry,
+    pgcdc_metadata,
     scalar,
     scaled,
     scratch_dir,
+    stats,
     stop_process,
+    subscribe_natively,
+    subscription_ready,
+    tick_times,
     wait_for,
     write_result,
 )
@@ -113,19 +120,6 @@ GOAL_DURATION_RATIO = 1.5
 GOAL_BYTES_RATIO = 1.5
 GOAL_GROWTH = 5.0
 
-_BATCH_LOG = re.compile(
-    r"batch (\d+): (\d+) changes of (\d+) tables, LSN (\S+) to (\S+), ([0-9.]+) s", re.MULTILINE
-)
-
-_TICK_TRIGGER = """
-CREATE FUNCTION bench_tick_applied() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.applied_at := clock_timestamp();
-    RETURN NEW;
-END
-$$
-"""
-
 
 def _say(text: str) -> None:
     log(NAME, text)
@@ -134,21 +128,6 @@ def _say(text: str) -> None:
 def q(template: str) -> sql.Composed:
     """SQL naming the benchmark's tables as ``{table}`` and ``{tick}``."""
     return sql.SQL(template).format(table=sql.Identifier(TABLE), tick=sql.Identifier(TICK))
-
-
-def stats(values: Sequence[float]) -> dict[str, float | int | None]:
-    """p50, p90, p99, max and mean of ``values`` (None when there are none)."""
-    if not len(values):
-        return {"n": 0, "p50": None, "p90": None, "p99": None, "max": None, "mean": None}
-    array = np.asarray(values, dtype=float)
-    return {
-        "n": len(array),
-        "p50": float(np.percentile(array, 50)),
-        "p90": float(np.percentile(array, 90)),
-        "p99": float(np.percentile(array, 99)),
-        "max": float(array.max()),
-        "mean": float(array.mean()),
-    }
 
 
 # -- the mirror's Delta log ------------------------------------------------------------------
@@ -200,14 +179,9 @@ def mirror_commits(table_dir: Path) -> list[dict[str, Any]]:
         if not path.stem.isdigit():
             continue
         version = int(path.stem)
-        info: dict[str, Any] = {}
+        info, actions = log_entry(path)
         data_bytes = dv_bytes = files_added = dvs_added = 0
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            action = json.loads(line)
-            if "commitInfo" in action:
-                info = action["commitInfo"]
+        for action in actions:
             add = action.get("add")
             if add is None:
                 continue
@@ -222,20 +196,12 @@ def mirror_commits(table_dir: Path) -> list[dict[str, Any]]:
                     seen_dvs.add(dv_path)
                     dv_bytes += _size(dv_path) or int(dv.get("sizeInBytes", 0))
                     dvs_added += 1
-        meta = None
-        text = info.get("userMetadata")
-        if isinstance(text, str):
-            try:
-                meta = json.loads(text).get("pgcdc")
-            except (ValueError, AttributeError):
-                meta = None
-        stamp = info.get("timestamp")
         out.append(
             {
                 "version": version,
-                "time": (stamp if stamp is not None else path.stat().st_mtime * 1000) / 1000.0,
+                "time": commit_time(info, path),
                 "operation": info.get("operation"),
-                "pgcdc": meta if isinstance(meta, dict) else None,
+                "pgcdc": pgcdc_metadata(info),
                 "data_bytes": data_bytes,
                 "dv_bytes": dv_bytes,
                 "log_bytes": _size(path) + _size(log_dir / f"{path.stem}.crc"),
@@ -285,20 +251,6 @@ def batches_of(commits: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(batches.values(), key=lambda b: b["max_lsn"])
 
 
-def lake_latencies(txns: Sequence[MixedTxn], batches: list[dict[str, Any]]) -> list[float]:
-    """Per transaction (in commit order), seconds from its commit to the batch that applied it:
-    the first whose ``max_lsn`` reaches the transaction's position (see the module's doc)."""
-    out = []
-    j = 0
-    for txn in txns:
-        while j < len(batches) and batches[j]["max_lsn"] < txn.lsn:
-            j += 1
-        if j == len(batches):
-            break
-        out.append(batches[j]["time"] - txn.committed_at)
-    return out
-
-
 def lake_size(path: Path) -> tuple[int, int, int]:
     """(bytes, bytes allocated on disk, files) of every file under ``path``."""
     size = allocated = files = 0
@@ -314,11 +266,6 @@ def lake_size(path: Path) -> tuple[int, int, int]:
     return size, allocated, files
 
 
-def batch_log(output: str) -> dict[int, tuple[int, float]]:
-    """Per batch the pipeline logged: (changes, seconds)."""
-    return {int(m[1]): (int(m[2]), float(m[6])) for m in _BATCH_LOG.finditer(output)}
-
-
 # -- one run ---------------------------------------------------------------------------------
 
 
@@ -326,27 +273,7 @@ def _subscribe(src: Any, dst: Any, source: Cluster) -> None:
     """The native subscriber: the tables (the tick table stamped by its trigger) and a
     subscription copying the table first."""
     create_mixed_tables(dst, TABLE, TICK)
-    dst.execute(_TICK_TRIGGER)
-    dst.execute(
-        q(
-            "CREATE TRIGGER bench_tick_applied BEFORE INSERT ON {tick} "
-            "FOR EACH ROW EXECUTE FUNCTION bench_tick_applied()"
-        )
-    )
-    dst.execute(q("ALTER TABLE {tick} ENABLE ALWAYS TRIGGER bench_tick_applied"))
-    src.execute(q("CREATE PUBLICATION native_pub FOR TABLE {table}, {tick}"))
-    dst.execute(
-        sql.SQL(
-            "CREATE SUBSCRIPTION native CONNECTION {} PUBLICATION native_pub WITH "
-            "(copy_data = true, slot_name = 'native_sub')"
-        ).format(sql.Literal(source.dsn()))
-    )
-
-
-def _subscription_ready(dst: Any) -> bool:
-    pending = scalar(dst, "SELECT count(*) FROM pg_subscription_rel WHERE srsubstate <> 'r'")
-    tables = scalar(dst, "SELECT count(*) FROM pg_subscription_rel")
-    return bool(tables) and pending == 0
+    subscribe_natively(src, dst, source, TICK, q("TABLE {table}, {tick}"))
 
 
 def _one_txn(conn: Any, keys: MixedKeys, seq: int) -> MixedTxn:
@@ -396,7 +323,7 @@ def run_mixed(
         _subscribe(src, dst, source)
         wait_for(
             "the native subscriber's initial copy",
-            lambda: _subscription_ready(dst),
+            lambda: subscription_ready(dst),
             timeout=3 * 3600,
             interval=0.5,
         )
@@ -421,15 +348,14 @@ def run_mixed(
                 if proc.poll() is not None:
                     raise RuntimeError(f"pgcdc run exited:\n{logfile.read_text()[-6000:]}")
 
+            lake = LakeLog({TABLE: table_dir})
+
             def in_lake(txn: MixedTxn) -> bool:
                 alive()
-                done = batches_of(mirror_commits(table_dir))
-                return bool(done) and done[-1]["max_lsn"] >= txn.lsn
+                return lake.has_all({TABLE: txn.lsn})
 
-            def at_subscriber(txn: MixedTxn) -> bool:
-                return bool(
-                    scalar(dst, q("SELECT count(*) FROM {tick} WHERE seq = %s"), (txn.seq,))
-                )
+            def applied(txn: MixedTxn) -> bool:
+                return at_subscriber(dst, TICK, txn.seq)
 
             alive()
             # warm-up: a transaction until the lake has it, twice: the first batch of a run is
@@ -438,7 +364,7 @@ def run_mixed(
             for seq in range(1 - WARMUP_TRANSACTIONS, 1):
                 warm = _one_txn(src, keys, seq)
                 wait_for("a warm-up transaction in the lake", partial(in_lake, warm), 900, 0.2)
-                wait_for("it at the subscriber", partial(at_subscriber, warm), 600, 0.2)
+                wait_for("it at the subscriber", partial(applied, warm), 600, 0.2)
             time.sleep(2)
             before = lake_size(pipeline.lake)
             _say(
@@ -456,20 +382,17 @@ def run_mixed(
             _say(f"{writer.changes:,} changes written; waiting for the lake and the subscriber")
             drain = time.perf_counter()
             wait_for("the lake to have the last transaction", lambda: in_lake(last), 1800, 0.5)
-            wait_for("the subscriber to have it", lambda: at_subscriber(last), 1800, 0.5)
+            wait_for("the subscriber to have it", lambda: applied(last), 1800, 0.5)
             drain_seconds = time.perf_counter() - drain
             after = lake_size(pipeline.lake)
         finally:
             stop_process(proc)
             sampler.stop()
         output = logfile.read_text()
-        applied = dict(
-            dst.execute(
-                q("SELECT seq, extract(epoch FROM applied_at)::float8 FROM {tick}")
-            ).fetchall()
-        )
+        applied_at = tick_times(dst, TICK)
         committed = commit_times(src, writer.commits)
         commits = mirror_commits(table_dir)
+        lake.refresh()
         checkpoints = checkpoint_bytes(table_dir)
         mirror_after = lake_size(table_dir)
 
@@ -479,16 +402,20 @@ def run_mixed(
     start = txns[0].committed_at + WARMUP
     measured = [t for t in txns if t.committed_at >= start] or txns
     batches = batches_of(commits)
-    latency = lake_latencies(measured, batches)
-    native = [applied[t.seq] - t.committed_at for t in measured if t.seq in applied]
+    arrived = [lake.arrival(t.lsn, [TABLE]) for t in measured]
+    latency = [
+        at - t.committed_at for t, at in zip(measured, arrived, strict=True) if at is not None
+    ]
+    native = [applied_at[t.seq] - t.committed_at for t in measured if t.seq in applied_at]
 
     # the batches that applied measured transactions
     lo, hi = measured[0].lsn, measured[-1].lsn
     window = [b for b in batches if b["max_lsn"] >= lo and b["min_lsn"] <= hi]
-    logged = batch_log(output)
+    logged = {line.batch: line for line in batch_lines(output)}
     per_batch = []
     for b in window:
-        _, batch_seconds = logged.get(b["batch"], (None, None))
+        line = logged.get(b["batch"])
+        batch_seconds = None if line is None else line.seconds
         written = b["data_bytes"] + b["dv_bytes"] + b["log_bytes"]
         per_batch.append(
             {

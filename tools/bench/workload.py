@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import psycopg
 from psycopg import sql
@@ -156,6 +156,12 @@ $$
 _TICK_TABLE = "CREATE TABLE {tick} (seq bigint PRIMARY KEY, applied_at timestamptz)"
 
 
+def create_tick_table(conn: psycopg.Connection[Any], tick: str) -> None:
+    """The tick table: a row per transaction of the workload, published to the native
+    subscriber only (``harness.subscribe_natively`` stamps it there)."""
+    conn.execute(sql.SQL(_TICK_TABLE).format(tick=sql.Identifier(tick)))
+
+
 def create_mixed_tables(
     conn: psycopg.Connection[Any], table: str, tick: str, *, primary_key: bool = True
 ) -> None:
@@ -164,7 +170,7 @@ def create_mixed_tables(
     conn.execute(_q(_MIXED_TABLE, table))
     if primary_key:
         conn.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (id)").format(sql.Identifier(table)))
-    conn.execute(sql.SQL(_TICK_TABLE).format(tick=sql.Identifier(tick)))
+    create_tick_table(conn, tick)
 
 
 def load_mixed_table(conn: psycopg.Connection[Any], table: str, tick: str, rows: int) -> float:
@@ -246,23 +252,27 @@ class MixedKeys:
 
 @dataclass(frozen=True, slots=True)
 class MixedTxn:
-    """One committed transaction of the writer: its number, its transaction id (``xid8``), the
+    """One committed transaction of a writer: its number, its transaction id (``xid8``), the
     WAL insert position read in it after its changes (below its commit record's LSN, above every
-    earlier transaction's), and the wall-clock time its COMMIT returned (the server's commit
-    timestamp is read afterwards, ``commit_times``)."""
+    earlier transaction's), the wall-clock time its COMMIT returned (the server's commit
+    timestamp is read afterwards, ``commit_times``), and the tables it changed when the
+    workload has several (``tools.bench.wide``)."""
 
     seq: int
     xid: int
     lsn: int
     committed_at: float
+    tables: tuple[str, ...] = ()
 
     @classmethod
-    def parse(cls, seq: int, text: str, committed_at: float) -> MixedTxn:
-        """From ``bench_mixed_txn``'s result."""
+    def parse(
+        cls, seq: int, text: str, committed_at: float, tables: tuple[str, ...] = ()
+    ) -> MixedTxn:
+        """From the workload function's result (``'<xid> <lsn>'``, ``bench_mixed_txn``)."""
         from pgcdc.lsn import Lsn
 
         xid, _, lsn = text.partition(" ")
-        return cls(seq, int(xid), int(Lsn.parse(lsn)), committed_at)
+        return cls(seq, int(xid), int(Lsn.parse(lsn)), committed_at, tables)
 
 
 def commit_times(conn: psycopg.Connection[Any], txns: list[MixedTxn]) -> dict[int, float]:
@@ -278,33 +288,32 @@ def commit_times(conn: psycopg.Connection[Any], txns: list[MixedTxn]) -> dict[in
     return {int(seq): float(at) for seq, at in rows if at is not None}
 
 
-class MixedWriter(threading.Thread):
-    """The mixed workload: ``rate`` changes/s in transactions of ``per_txn`` changes (70%
-    updates, 20% inserts, 10% deletes: 14, 4 and 2 of 20) for ``seconds``, at a steady pace
-    (each transaction starts at its due time; a late one starts at once), one transaction per
-    round trip (``bench_mixed_txn``) on one connection."""
+#: one transaction's call of the workload's server function: the query, its parameters and the
+#: tables it changes
+TxnCall: TypeAlias = tuple[sql.SQL | sql.Composed, tuple[Any, ...], tuple[str, ...]]
+
+
+class PacedWriter(threading.Thread):
+    """A workload at a steady pace: ``rate`` changes/s in transactions of ``per_txn`` changes
+    for ``seconds`` (each transaction starts at its due time; a late one starts at once), one
+    transaction per round trip on one connection: a server function whose result is
+    ``'<xid> <lsn>'`` (``MixedTxn.parse``). ``call`` makes each transaction's call."""
 
     def __init__(
-        self,
-        dsn: str,
-        keys: MixedKeys,
-        *,
-        rate: float,
-        seconds: float,
-        per_txn: int = 20,
-        first_seq: int = 1,
+        self, dsn: str, *, rate: float, seconds: float, per_txn: int, first_seq: int = 1
     ) -> None:
-        super().__init__(name="bench-mixed-writer", daemon=True)
-        self.dsn, self.keys, self.rate, self.seconds = dsn, keys, rate, seconds
-        self.updates = round(per_txn * 0.7)
-        self.inserts = round(per_txn * 0.2)
-        self.deletes = per_txn - self.updates - self.inserts
+        super().__init__(name="bench-writer", daemon=True)
+        self.dsn, self.rate, self.seconds = dsn, rate, seconds
         self.per_txn = per_txn
         self.first_seq = first_seq
         self.commits: list[MixedTxn] = []
         self.error: BaseException | None = None
         self.elapsed = 0.0
         self.late = 0  # transactions that started after their due time + one interval
+
+    def call(self, seq: int) -> TxnCall:
+        """Transaction ``seq``: the query, its parameters and the tables it changes."""
+        raise NotImplementedError
 
     @property
     def changes(self) -> int:
@@ -318,7 +327,6 @@ class MixedWriter(threading.Thread):
             self.error = exc
 
     def _write(self, conn: psycopg.Connection[Any]) -> list[MixedTxn]:
-        query = "SELECT bench_mixed_txn(%s, %s, %s, %s)"
         interval = self.per_txn / self.rate
         commits: list[MixedTxn] = []
         started = time.perf_counter()
@@ -327,17 +335,44 @@ class MixedWriter(threading.Thread):
             due = started + k * interval
             if due - started >= self.seconds:
                 break
-            upd, ins, dels = self.keys.transaction(self.updates, self.inserts, self.deletes)
+            seq = self.first_seq + k
+            query, params, tables = self.call(seq)
             pause = due - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
             elif pause < -interval:
                 self.late += 1
-            seq = self.first_seq + k
-            row = conn.execute(query, (seq, upd.tolist(), ins.tolist(), dels.tolist())).fetchone()
+            row = conn.execute(query, params).fetchone()
             committed = time.time()
             assert row is not None
-            commits.append(MixedTxn.parse(seq, row[0], committed))
+            commits.append(MixedTxn.parse(seq, row[0], committed, tables))
             k += 1
         self.elapsed = time.perf_counter() - started
         return commits
+
+
+class MixedWriter(PacedWriter):
+    """The mixed workload: ``rate`` changes/s in transactions of ``per_txn`` changes (70%
+    updates, 20% inserts, 10% deletes: 14, 4 and 2 of 20) for ``seconds``
+    (``bench_mixed_txn``)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        keys: MixedKeys,
+        *,
+        rate: float,
+        seconds: float,
+        per_txn: int = 20,
+        first_seq: int = 1,
+    ) -> None:
+        super().__init__(dsn, rate=rate, seconds=seconds, per_txn=per_txn, first_seq=first_seq)
+        self.keys = keys
+        self.updates = round(per_txn * 0.7)
+        self.inserts = round(per_txn * 0.2)
+        self.deletes = per_txn - self.updates - self.inserts
+
+    def call(self, seq: int) -> TxnCall:
+        upd, ins, dels = self.keys.transaction(self.updates, self.inserts, self.deletes)
+        query = sql.SQL("SELECT bench_mixed_txn(%s, %s, %s, %s)")
+        return query, (seq, upd.tolist(), ins.tolist(), dels.tolist()), ()
