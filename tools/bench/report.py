@@ -1,9 +1,9 @@
 """`make bench-report`: the benchmarks' JSON results as one markdown table and one plot.
 
-Reads ``bench-results/{decode,catchup,snapshot,memory,latency,scale}.json`` (whichever exist) and
-writes ``bench-results/README.md`` (figure, pgcdc, anchor, ratio, goal, met?, what limits it,
-and the scale each was measured at) and ``bench-results/bench.png`` (matplotlib, Agg). Every
-ratio is pgcdc beside its anchor in the same run, on the same machine and data.
+Reads ``bench-results/{decode,catchup,snapshot,memory,latency,scale,wide}.json`` (whichever
+exist) and writes ``bench-results/README.md`` (figure, pgcdc, anchor, ratio, goal, met?, what
+limits it, and the scale each was measured at) and ``bench-results/bench.png`` (matplotlib,
+Agg). Every ratio is pgcdc beside its anchor in the same run, on the same machine and data.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from tools.bench.harness import RESULTS_DIR
 
-BENCHMARKS = ("decode", "catchup", "snapshot", "memory", "latency", "scale")
+BENCHMARKS = ("decode", "catchup", "snapshot", "memory", "latency", "scale", "wide")
 
 #: What limits each figure, from profiling (Spark's event log, the pipeline's DEBUG log with
 #: each batch's steps, py-spy); the JSON may carry its own ``limits`` text instead.
@@ -78,6 +78,13 @@ LIMITS["scale"] = (
     "to write the changed rows and mark the replaced ones; keys scattered over the table touch "
     "most files, so the reads follow the table while the writes follow the changes (about "
     "70 bytes a change at both sizes; the lake grows about 0.7x the changed bytes)"
+)
+
+LIMITS["wide"] = (
+    "not profiled here yet (issue 42 asks where each second of such a batch goes); what the "
+    "issue measured: each batch runs one Delta operation per table it touches (three with "
+    "history and changelog), each with Delta's fixed cost, so a batch's time follows the "
+    "tables it touches rather than its changes, and latency with it"
 )
 
 
@@ -233,7 +240,7 @@ def _row_memory(d: dict[str, Any]) -> list[list[str]]:
 
 
 def _seconds(stats: dict[str, Any], digits: int = 2) -> str:
-    """p50, p99 and max of a ``tools.bench.scale.stats`` dict."""
+    """p50, p99 and max of a ``tools.bench.harness.stats`` dict."""
     if not stats or stats.get("p50") is None:
         return "none measured"
     return (
@@ -349,6 +356,62 @@ def _row_scale(d: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _wide_mode(r: dict[str, Any]) -> str:
+    return f"history and changelog {'on' if r['history_changelog'] else 'off'}"
+
+
+def _row_wide(d: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    goals = d["goals"]
+    for r in d["runs"]:
+        head = f"Wide: {r['tables']} tables of {r['rows_per_table']:,} rows, {_wide_mode(r)}"
+        is_goal = r["tables"] == goals["p99_at_tables"] and not r["history_changelog"]
+        goal = f"p99 < {goals['p99_below']:g} s" if is_goal else "–"
+        if "failed" in r:
+            failed = " ".join(r["failed"].split())[:200]  # one line of the table
+            rows.append([head, f"FAILED: {failed}", "–", "–", goal, "–"])
+            continue
+        w, lat, nat, b = r["workload"], r["latency_seconds"], r["native_lag_seconds"], r["batches"]
+        p99 = lat["p99"]
+        rows.append(
+            [
+                f"{head}: {w['achieved_changes_per_second']:,.0f} changes/s (target "
+                f"{w['target_changes_per_second']:,.0f}; {w['changes_per_transaction']} changes "
+                f"a transaction over {w['tables_per_transaction'][0]} to "
+                f"{w['tables_per_transaction'][1]} random tables, 70/20/10) for "
+                f"{w['seconds']:.0f} s",
+                f"commit-to-lake {_seconds(lat)}; {b['count']} batches, median "
+                f"{b['seconds']['p50'] or 0:.1f} s of {b['tables']['p50'] or 0:.0f} tables "
+                f"({b['seconds_per_table']['p50'] or 0:.2f} s a table); start-up "
+                f"{r['startup_seconds']:.0f} s; peak RSS {_size(r['memory']['peak_rss_bytes'])}",
+                f"native subscriber's lag: {_seconds(nat, 3)}",
+                f"{_ratio(p99, nat['p99'])} the p99",
+                goal,
+                _met(None if p99 is None else p99 < goals["p99_below"]) if is_goal else "–",
+            ]
+        )
+    ratios = d["ratio_batch_seconds_most_to_fewest_tables"]
+    if d.get("ratio_compares"):
+        off = sorted(
+            (r for r in d["runs"] if not r["history_changelog"] and "failed" not in r),
+            key=lambda r: r["tables"],
+        )
+        a, b = off[0]["batches"], off[-1]["batches"]
+        ratio = ratios.get("off")
+        rows.append(
+            [
+                f"Wide: median batch, {d['ratio_compares']}, history and changelog off",
+                f"{a['seconds']['p50'] or 0:.2f} s ({a['changes']['p50'] or 0:,.0f} changes) -> "
+                f"{b['seconds']['p50'] or 0:.2f} s ({b['changes']['p50'] or 0:,.0f} changes)",
+                "–",
+                "–" if ratio is None else f"{ratio:.2f}x",
+                f"<= {goals['batch_seconds_ratio_at_most']:g}x",
+                _met(goals["batch_seconds_met"]),
+            ]
+        )
+    return rows
+
+
 ROWS: dict[str, Callable[[dict[str, Any]], list[list[str]]]] = {
     "decode": _row_decode,
     "catchup": _row_catchup,
@@ -356,6 +419,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[list[str]]]] = {
     "memory": _row_memory,
     "latency": _row_latency,
     "scale": _row_scale,
+    "wide": _row_wide,
 }
 
 
@@ -365,7 +429,8 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
         "# pgcdc benchmarks",
         "",
         "`make bench` (each alone: `make bench-decode`, `bench-catchup`, `bench-snapshot`, "
-        "`bench-memory`, `bench-latency`, `bench-scale`; then `make bench-report`). Every "
+        "`bench-memory`, `bench-latency`, `bench-scale`, `bench-wide`; then `make "
+        "bench-report`). Every "
         "ratio is measured "
         "beside its anchor in the same run, on the same machine and data; absolute times on a "
         "shared machine are noise. Scale 1 is the full sizes of the issue; a smaller scale "
@@ -402,12 +467,12 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, grid = plt.subplots(2, 4, figsize=(24, 10))
+    fig, grid = plt.subplots(3, 3, figsize=(21, 15))
     axes = list(grid.flat)
-    axes[7].axis("off")
+    axes[8].axis("off")
     notes = [f"{name}: scale {_scale(data)}, {data.get('measured_at', '?')}"
              for name, data in results.items()]  # fmt: skip
-    axes[7].text(0, 1, "pgcdc benchmarks (ratios: same run, same machine)\n\n" + "\n".join(notes),
+    axes[8].text(0, 1, "pgcdc benchmarks (ratios: same run, same machine)\n\n" + "\n".join(notes),
                  va="top", fontsize=10, family="monospace")  # fmt: skip
     blue, grey, green = "#1f77b4", "#999999", "#2ca02c"
 
@@ -576,6 +641,31 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     else:
         empty(axes[5], "Scale")
         empty(axes[6], "Scale: batches")
+
+    d = results.get("wide")
+    runs = [r for r in d["runs"] if "failed" not in r] if d else []
+    if d and runs:
+        ax = axes[7]
+        labels = [f"{r['tables']} tables\nh+c {'on' if r['history_changelog'] else 'off'}"
+                  for r in runs]  # fmt: skip
+        for i, (key, name, color) in enumerate(
+            (("latency_seconds", "pgcdc", blue), ("native_lag_seconds", "native subscriber", grey))
+        ):
+            xs = [j + (i - 0.5) * 0.4 for j in range(len(runs))]
+            ax.bar(xs, [max(r[key]["p99"] or 0, 1e-3) for r in runs], 0.4, color=color,
+                   label=f"{name} p99")  # fmt: skip
+            ax.plot(xs, [max(r[key]["p50"] or 0, 1e-3) for r in runs], "o", color="black",
+                    label="p50" if i == 0 else None)  # fmt: skip
+        ax.set_xticks(range(len(runs)), labels)
+        ax.set_yscale("log")
+        ax.axhline(d["goals"]["p99_below"], color="red", linestyle="--",
+                   label=f"goal p99 {d['goals']['p99_below']:g} s "
+                   f"({d['goals']['p99_at_tables']} tables, off)")  # fmt: skip
+        ax.set_ylabel("commit-to-lake / subscriber seconds (log)")
+        ax.legend(fontsize=8)
+        ax.set_title(f"Wide: {d['rate']:,.0f} changes/s over many tables, scale {_scale(d)}")
+    else:
+        empty(axes[7], "Wide")
 
     fig.tight_layout()
     fig.savefig(path, dpi=90)
