@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -179,6 +180,52 @@ def test_demo(tmp_path: Path) -> None:
     assert "mirror equals source" in done.stderr
     assert "DIFFERENT" not in done.stderr
     assert (tmp_path / "lake" / "shop" / "orders.history" / "_delta_log").is_dir()
+    # a new user sees pgcdc's words only: not the JVM's start-up notices or Spark's log4j
+    # profile and warnings (issue 41), nor terminal escapes in a captured output
+    for noise in ("NativeCodeLoader", "log4j", "incubator", "WARN ", "\x1b"):
+        assert noise not in done.stdout + done.stderr, noise
+
+
+@pytest.mark.slow
+@newest_server
+def test_every_line_is_json_with_log_format_json(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """``pgcdc --log-format json``: every line the process writes, to stdout and stderr, is a
+    JSON object, the Spark JVM's included: what Delta's VACUUM prints ("Deleted N files", with
+    Scala's println) and Spark's log arrive as records of logger ``pgcdc.spark.jvm`` (issue
+    41). Spark's default log4j profile and its NativeCodeLoader warning are gone."""
+    pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int, note text)")
+    pg.execute("INSERT INTO items SELECT g, g, 'n' || g FROM generate_series(1, 50) g")
+    config = write_config(tmp_path, pg, "items")
+    # compaction after each batch leaves files for a vacuum, due at once, to delete
+    lake = "history = true\ncompact_files = 2\nvacuum_retention_hours = 0\nvacuum_interval = 0"
+    config.write_text(config.read_text().replace("history = true", lake))
+    assert main(["run", "--config", str(config), "--until-caught-up"]) == 0  # the copy
+    pg.execute("UPDATE items SET qty = qty + 1")
+    json_logs = ["--log-format", "json", "--log-level", "DEBUG"]
+    run = ["run", "--config", str(config), "--until-caught-up"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pgcdc", *json_logs, *run],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    records = []
+    for line in (done.stdout + done.stderr).splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pytest.fail(f"not a JSON line: {line!r}")
+    assert all(isinstance(r, dict) and "level" in r and "message" in r for r in records)
+    assert any(r["message"].startswith("vacuumed public.items") for r in records)
+    printed = [r for r in records if r["logger"] == "pgcdc.spark.jvm" and r.get("jvm_stream")]
+    assert any(r["message"].startswith("Deleted ") for r in printed), printed
+    for noise in ("NativeCodeLoader", "log4j", "\x1b"):
+        assert noise not in done.stdout + done.stderr, noise
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from typing import Any
 
 import pyspark
 
+from pgcdc.spark.console import log4j2_option
 from pgcdc.spark.jvm import java_binary
 from pgcdc.spark.session import driver_java_options, python_spark_home
 
@@ -59,6 +60,7 @@ def test_the_driver_jvm_exits_on_out_of_memory_and_has_4_mib_g1_regions(spark: A
     management = jvm.java.lang.management.ManagementFactory
     arguments = list(management.getRuntimeMXBean().getInputArguments())
     assert "-XX:+ExitOnOutOfMemoryError" in arguments
+    assert log4j2_option() in arguments
     hotspot = management.getPlatformMXBean(
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     )
@@ -67,16 +69,19 @@ def test_the_driver_jvm_exits_on_out_of_memory_and_has_4_mib_g1_regions(spark: A
 
 
 def test_the_configuration_s_java_options_come_after_pgcdc_s() -> None:
-    assert driver_java_options({}) == "-XX:+ExitOnOutOfMemoryError -XX:G1HeapRegionSize=4m"
+    log4j2 = log4j2_option()  # pgcdc's log4j 2 configuration (pgcdc.spark.console)
+    assert log4j2 is not None
+    pgcdc = f"-XX:+ExitOnOutOfMemoryError {log4j2}"
+    assert driver_java_options({}) == f"{pgcdc} -XX:G1HeapRegionSize=4m"
     assert driver_java_options({"spark.driver.memory": "7g"}).endswith("G1HeapRegionSize=4m")
     # from 8 GiB G1's own regions are 4 MiB or larger
     for memory in ("8g", "8192m", "32g"):
         options = driver_java_options({"spark.driver.memory": memory})
-        assert options == "-XX:+ExitOnOutOfMemoryError", memory
+        assert options == pgcdc, memory
     own = "-XX:G1HeapRegionSize=8m -Dpgcdc.test=1"
     conf = {"spark.driver.memory": "512m", "spark.driver.extraJavaOptions": own}
     options = driver_java_options(conf)
-    assert options == f"-XX:+ExitOnOutOfMemoryError -XX:G1HeapRegionSize=4m {own}"
+    assert options == f"{pgcdc} -XX:G1HeapRegionSize=4m {own}"
     # the JVM takes the later value of an option: the configuration's
     java = java_binary()
     assert java is not None

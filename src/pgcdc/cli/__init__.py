@@ -5,7 +5,8 @@ the fix, never a password) and 2 on bad usage.
 
 Logs go to stderr at ``--log-level`` (default WARNING), as text or, with ``--log-format json``,
 one JSON object per line (``pgcdc.cli.jsonlog``); commands that print progress then log it
-instead, so every line of stderr is JSON.
+instead, Python's warnings are logged (logger ``py.warnings``), and what the Spark driver's JVM
+prints is logged too (``pgcdc.spark.console``), so every line the process writes is JSON.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(args.log_level)
+    if args.log_format == "json":
+        logging.captureWarnings(True)  # a warning's text and source line are not JSON
     quiet = {logger: logger.level for logger in map(logging.getLogger, QUIET_LOGGERS)}
     for logger in quiet:
         if logger.getEffectiveLevel() < logging.WARNING:
@@ -97,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     finally:
+        if args.log_format == "json":
+            logging.captureWarnings(False)
         root.removeHandler(handler)
         for old in replaced:
             root.addHandler(old)

@@ -190,11 +190,19 @@ _JVM_GONE = ("Answer from Java side is empty", "Error while receiving", "Connect
 
 
 def spark_reason(error: BaseException) -> str:
-    """Spark's own message in a Py4J error (the line after the Java exception's class)."""
-    for raw in str(error).splitlines():
+    """Spark's own message in a Py4J error: the Java exception's class and whole message (the
+    lines after the Py4J call's, up to the stack trace), on one line: Spark's messages say the
+    fix on their second line."""
+    lines = str(error).splitlines()
+    for at, raw in enumerate(lines):
         line = raw.strip()
         if line.startswith(": "):
-            return line[2:][:500]
+            said = [line[2:]]
+            for more in lines[at + 1 :]:
+                if more.startswith("\t") or not more.strip():
+                    break
+                said.append(more.strip())
+            return " ".join(said)[:1000]
     return first_line(error)
 
 

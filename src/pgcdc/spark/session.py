@@ -26,10 +26,12 @@ import shutil
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pgcdc.spark.console import launch_gateway, log4j2_option, quiet_callback_errors
 from pgcdc.spark.jvm import ArchiveWriter, JavaLaunch, deaf_to_sigterm, launch_options
 
 if TYPE_CHECKING:
@@ -131,14 +133,18 @@ G1_REGION = 4 << 20
 def driver_java_options(settings: Mapping[str, str]) -> str:
     """``spark.driver.extraJavaOptions`` of ``settings`` after pgcdc's own options (which it can
     override: of two values of an option the JVM takes the later one): exit on
-    OutOfMemoryError, so that pgcdc reports it, instead of going on with dead threads; and, for
-    a heap (``spark.driver.memory``) under 8 GiB, G1 regions of 4 MiB instead of G1's 1 or 2 MiB.
+    OutOfMemoryError, so that pgcdc reports it, instead of going on with dead threads; pgcdc's
+    log4j 2 configuration (``pgcdc.spark.console``); and, for a heap (``spark.driver.memory``)
+    under 8 GiB, G1 regions of 4 MiB instead of G1's 1 or 2 MiB.
 
     G1 gives an object of half a region or more regions of its own (a humongous object), and
     Spark allocates many arrays just over 1 MiB (a sort's spill readers, a cached micro-batch's
     column buffers): with 1 MiB regions each takes two regions, twice its size; with 4 MiB
     regions they share regions with other objects."""
     options = ["-XX:+ExitOnOutOfMemoryError"]
+    log4j2 = log4j2_option()
+    if log4j2 is not None:
+        options.append(log4j2)
     memory = settings.get("spark.driver.memory", "1g")
     heap = _jvm_size(memory)
     if heap is None or heap < 2048 * G1_REGION:
@@ -177,7 +183,9 @@ def spark_session(
     exits (``pgcdc.spark.jvm``), unless ``class_data_sharing`` is False. It starts with SIGTERM
     ignored, as do the processes it starts (``pgcdc.spark.jvm.deaf_to_sigterm``, with the
     daemon module ``pgcdc.spark.daemon`` unless ``conf`` names another): a stop signal is for
-    the caller, which stops Spark, or exits and takes Spark with it.
+    the caller, which stops Spark, or exits and takes Spark with it. It writes its standard
+    output and error into this process, which logs them (``pgcdc.spark.console``, which also
+    keeps Py4J's records of a failed callback for DEBUG).
     """
     from pyspark.sql import SparkSession
 
@@ -191,6 +199,12 @@ def spark_session(
         return spark
     os.environ["PYSPARK_PYTHON"] = python
     os.environ["PYSPARK_DRIVER_PYTHON"] = python
+    quiet_callback_errors()
+    # pyspark's Py4J converters import its test helpers, which check the pandas version and
+    # warn; pgcdc does not use pandas
+    warnings.filterwarnings(
+        "ignore", "PySpark does not yet fully support pandas", FutureWarning, "pyspark"
+    )
     settings: dict[str, str] = {
         "spark.pyspark.python": python,
         "spark.pyspark.driver.python": python,
@@ -214,7 +228,8 @@ def spark_session(
         settings["spark.default.parallelism"] = cores
     settings.update(conf or {})
     settings["spark.driver.extraJavaOptions"] = driver_java_options(settings)
-    launch = _class_data_sharing(settings) if class_data_sharing else None
+    launching = _launches_jvm()
+    launch = _class_data_sharing(settings) if class_data_sharing and launching else None
     if launch is not None:
         options = settings.get("spark.driver.extraJavaOptions", "")
         settings["spark.driver.extraJavaOptions"] = " ".join([options, *launch.options]).strip()
@@ -223,7 +238,8 @@ def spark_session(
         builder = builder.config(key, value)
     try:
         with deaf_to_sigterm():
-            spark = builder.getOrCreate()
+            jvm = {**settings, "spark.master": master, "spark.app.name": app_name}
+            spark = _get_or_create(builder, jvm if launching else None)
     except BaseException:
         if launch is not None and launch.writer is not None:
             launch.writer.finish(None)  # releases the lock
@@ -275,15 +291,26 @@ def _write_archive(writer: ArchiveWriter) -> None:
     writer.finish(getattr(SparkContext._gateway, "proc", None))
 
 
-def _class_data_sharing(settings: Mapping[str, str]) -> JavaLaunch | None:
-    """``pgcdc.spark.jvm.launch_options`` when this process is about to launch the driver JVM
-    (a JVM already running keeps its options)."""
+def _launches_jvm() -> bool:
+    """Whether the next SparkContext of this process launches the driver JVM: not when one
+    runs already, or ``spark-submit`` launched it (pyspark connects to its gateway)."""
     from pyspark import SparkContext
+
+    return SparkContext._gateway is None and not os.environ.get("PYSPARK_GATEWAY_PORT")
+
+
+def _get_or_create(builder: Any, jvm_settings: Mapping[str, str] | None) -> SparkSession:
+    """``builder.getOrCreate()``; given ``jvm_settings`` to launch the driver JVM with (this
+    call launches it), launched first with its console relayed (``pgcdc.spark.console``)."""
+    if jvm_settings is not None:
+        launch_gateway(jvm_settings)
+    return builder.getOrCreate()  # type: ignore[no-any-return]
+
+
+def _class_data_sharing(settings: Mapping[str, str]) -> JavaLaunch | None:
+    """``pgcdc.spark.jvm.launch_options`` for the driver JVM this process is about to launch."""
     from pyspark.find_spark_home import _find_spark_home
 
-    # a JVM running already, or one spark-submit launched (pyspark connects to its gateway)
-    if SparkContext._gateway is not None or os.environ.get("PYSPARK_GATEWAY_PORT"):
-        return None
     try:
         spark_home = Path(os.environ.get("SPARK_HOME") or _find_spark_home())
     except Exception:  # no Spark home found: the launch fails on its own
