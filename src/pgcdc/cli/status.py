@@ -6,7 +6,9 @@ reports: the pipeline (id, generation, snapshot done, dropped); the slot (active
 walsender's pid, confirmed flush and restart LSN, WAL retained in bytes, ``wal_status``,
 invalidation reason, ``safe_wal_size``); the lag; the stream's last committed micro-batch (from
 its checkpoint) and the last batch a run failed on (``last_failure``: batch id, LSN range, error
-class, time, failed runs; ``standing`` until a batch is applied); and per table its rows (from
+class, its cause and fix when pgcdc recognised it, time, failed runs; ``standing`` until a batch
+is applied; ``kept_outside_lake`` and ``state_error`` when the run could not write the lake's
+state and kept the failure in a file outside it); and per table its rows (from
 the Delta log's file statistics, without reading data), its last commit (version, time, stream
 batch id from the commit's metadata) and the newest change it holds (``__commit_lsn`` /
 ``__commit_time``). Nothing is written anywhere.
@@ -49,7 +51,7 @@ from pgcdc.lsn import Lsn
 
 if TYPE_CHECKING:  # the lake (delta-rs, pyarrow) is imported when the command runs
     from pgcdc.lake.config import PipelineConfig
-    from pgcdc.lake.state import PipelineState
+    from pgcdc.lake.state import BatchFailure, PipelineState
     from pgcdc.lake.storage import LakePath
     from pgcdc.lake.tables import LakeLayout
 
@@ -189,20 +191,40 @@ def _last_stream_batch(layout: LakeLayout, state: PipelineState) -> int | None:
     return committed_batch(state.checkpoint(layout))
 
 
+def _when(failure: BatchFailure) -> tuple[str, int]:
+    return failure.at, failure.batch
+
+
 def _failure(layout: LakeLayout, state: PipelineState | None) -> dict[str, Any] | None:
-    """The state's failed batch, and whether it stands (not applied since)."""
+    """The failed batch: the state's, or a newer one a run kept outside the lake because the
+    state could not be written (``pgcdc.lake.state.save_failure_note``); and whether it stands
+    (not applied since)."""
+    from pgcdc.lake.state import committed_batch, load_failure_note
+
     failure = None if state is None else state.last_failure
-    if state is None or failure is None:
+    if state is None:
         return None
+    note = load_failure_note(layout, state)
+    if note is not None and failure is not None and _when(note.failure) < _when(failure):
+        note = None  # the state holds a later failure
+    if note is not None:
+        failure = note.failure
+    if failure is None:
+        return None
+    committed = committed_batch(state.checkpoint(layout))
     return {
         "batch": failure.batch,
         **_lsn_fields("start_lsn", _parse_lsn(failure.start_lsn)),
         **_lsn_fields("end_lsn", _parse_lsn(failure.end_lsn)),
         "error": failure.error,
+        "cause": failure.cause,
+        "fix": failure.fix,
         "at": failure.at,
         "first_at": failure.first_at,
         "attempts": failure.attempts,
-        "standing": state.failure_standing(layout) is not None,
+        "standing": committed is None or committed < failure.batch,
+        "kept_outside_lake": None if note is None else str(note.path),
+        "state_error": None if note is None else note.state_error,
     }
 
 
@@ -274,16 +296,7 @@ def collect(config: PipelineConfig, *, now: datetime | None = None) -> dict[str,
     if failure is not None and failure["standing"]:
         if not problems:
             phase = "failing"
-        runs = failure["attempts"]
-        since = f" (first at {failure['first_at']})" if runs > 1 else ""
-        problems.append(
-            f"batch {failure['batch']} (LSN {failure['start_lsn'] or '-'} to "
-            f"{failure['end_lsn'] or '-'}) failed with {failure['error']} at {failure['at']}, "
-            f"{runs} failed run{'s' * (runs != 1)}{since}, and has not been applied since: the "
-            "slot cannot advance past it and the server keeps its WAL. Fix: find that batch's "
-            "error in pgcdc run's log, remove its cause and run pgcdc run again (the batch is "
-            "read again: nothing of it was confirmed to the source)"
-        )
+        problems.append(_failure_problem(failure))
     if health is not None and not (info is not None and info.lost):
         threshold = config.source.retained_wal_warning
         if health.retained_bytes is not None and health.retained_bytes > threshold:
@@ -365,6 +378,30 @@ def collect(config: PipelineConfig, *, now: datetime | None = None) -> dict[str,
     return report
 
 
+def _failure_problem(failure: dict[str, Any]) -> str:
+    runs = failure["attempts"]
+    since = f" (first at {failure['first_at']})" if runs > 1 else ""
+    what = failure["cause"] or failure["error"]
+    kept = (
+        f" The lake's state could not be written ({failure['state_error']}): this failure "
+        f"was kept in {failure['kept_outside_lake']}."
+        if failure["kept_outside_lake"]
+        else ""
+    )
+    fix = (
+        f"{failure['fix']} (the batch is read again: nothing of it was confirmed to the source)"
+        if failure["fix"]
+        else "find that batch's error in pgcdc run's log, remove its cause and run pgcdc run "
+        "again (the batch is read again: nothing of it was confirmed to the source)"
+    )
+    return (
+        f"batch {failure['batch']} (LSN {failure['start_lsn'] or '-'} to "
+        f"{failure['end_lsn'] or '-'}) failed with {what} at {failure['at']}, "
+        f"{runs} failed run{'s' * (runs != 1)}{since}, and has not been applied since: the "
+        f"slot cannot advance past it and the server keeps its WAL.{kept} Fix: {fix}"
+    )
+
+
 def _parse_lsn(text: str | None) -> Lsn | None:
     return None if not text else Lsn.parse(text)
 
@@ -431,8 +468,14 @@ def render(report: dict[str, Any], console: Console) -> None:
         summary.add_row(
             "failed batch",
             f"{failure['batch']}, LSN {_show(failure['start_lsn'])} to "
-            f"{_show(failure['end_lsn'])}: {failure['error']} at {failure['at']} "
-            f"({failure['attempts']} failed run{'s' * (failure['attempts'] != 1)})",
+            f"{_show(failure['end_lsn'])}: {failure['cause'] or failure['error']} at "
+            f"{failure['at']} ({failure['attempts']} failed run"
+            f"{'s' * (failure['attempts'] != 1)})"
+            + (
+                f", kept in {failure['kept_outside_lake']}: the lake's state could not be written"
+                if failure["kept_outside_lake"]
+                else ""
+            ),
         )
     pub = report["publication"]
     created = pub["created_by_pgcdc"]

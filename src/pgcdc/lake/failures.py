@@ -1,19 +1,28 @@
 """What a failed run says and keeps.
 
-``PipelineError`` is the error of a pipeline that cannot start or continue. A Spark failure is
-summed up in one line (``first_line``: the Python exception it wraps, if any), with a fix for
-failures of Spark itself (``spark_hint``: its driver out of memory, its JVM gone). The
-micro-batch a stream failed on is recorded in the lake's state (``FailureRecord``) before the
-run raises, so that ``pgcdc status`` reports it until a batch is applied.
+``PipelineError`` is the error of a pipeline that cannot start or continue. A failure is summed
+up by ``diagnose``: from the JVM's exceptions (``pgcdc.spark.errors.java_causes``, root cause
+first) it recognises a full disk (``No space left on device``, ``Disk quota exceeded``), a
+read-only file system, permission denied (``AccessDeniedException``) and S3's refusals (the
+AWS SDK's error code: ``AccessDenied``, ``NoSuchBucket``, ...; S3A's own classes), and says the
+path and the fix, without a stack trace; any other failure is summed up in one line
+(``first_line``: the Python exception it wraps, if any, or the Java exception behind a Py4J
+call), with a fix for failures of Spark itself (``spark_hint``: its driver out of memory, its
+JVM gone). The micro-batch a stream failed on is recorded in the lake's state
+(``FailureRecord``) before the run raises, so that ``pgcdc status`` reports it until a batch is
+applied; when the state cannot be written (the disk it is on is full), the record is kept in a
+file outside the lake (``pgcdc.lake.state.save_failure_note``), where ``status`` reads it too.
 """
 
 from __future__ import annotations
 
+import getpass
 import logging
 import re
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -26,18 +35,25 @@ from pgcdc.lake.state import (
     committed_batch,
     load_state,
     planned_batch,
+    remove_failure_notes,
+    save_failure_note,
     save_state,
 )
 from pgcdc.replication import scrub_secrets
+from pgcdc.spark.errors import JavaCause, java_causes
 
 if TYPE_CHECKING:
     from pgcdc.lake.pipeline import Pipeline
+    from pgcdc.lake.storage import LakePath
 
 __all__ = [
+    "Diagnosis",
     "FailureRecord",
     "PipelineError",
+    "diagnose",
     "error_class",
     "first_line",
+    "recognise",
     "spark_hint",
     "spark_reason",
 ]
@@ -52,19 +68,43 @@ class PipelineError(PgcdcError, RuntimeError):
 class FailureRecord:
     """The failed micro-batch in ``pipeline``'s state: recorded when its stream fails, cleared
     once a batch is applied; also the ``BatchListener`` that hears of each batch (a batch
-    failing in this process tells its error's class exactly)."""
+    failing in this process is diagnosed while its Java exception can still be read)."""
 
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self._lock = threading.Lock()  # batches clear a failure from Spark's thread
-        self._failed: tuple[int, str] | None = None  # (batch id, error class) seen in-process
+        self._failed: tuple[int, Diagnosis] | None = None  # (batch id, diagnosis) in-process
 
     def batch_done(self, result: BatchResult) -> None:
         self._failed = None
         self.clear(result.batch_id)
 
     def batch_failed(self, batch_id: int, error: BaseException) -> None:
-        self._failed = (batch_id, error_class(error))
+        found = diagnose(error, str(self.pipeline.layout.root))
+        self._failed = (batch_id, found)
+        log.warning(
+            "batch %s failed: %s",
+            batch_id,
+            scrub_secrets(found.cause),
+            extra={"batch": batch_id, "error": found.error},
+        )
+
+    def diagnosis(self, error: BaseException) -> Diagnosis:
+        """What the stream's ``error`` comes down to: the diagnosis of the batch that failed
+        in this process (its Java exception, before Spark turned it into text), else its own."""
+        seen = self._failed
+        checkpoint = None if self.pipeline.state is None else self._checkpoint()
+        batch = None if checkpoint is None else planned_batch(checkpoint)
+        if seen is not None and seen[0] == batch:
+            return seen[1]
+        return diagnose(error, str(self.pipeline.layout.root))
+
+    def _checkpoint(self) -> LakePath:
+        assert self.pipeline.state is not None
+        return self.pipeline.state.checkpoint(self.pipeline.layout)
+
+    def _committed(self) -> int | None:
+        return committed_batch(self._checkpoint())
 
     def _update(self, change: Callable[[PipelineState], PipelineState | None]) -> None:
         """Apply ``change`` to the state as saved (``pgcdc drop`` may have written it since)
@@ -79,61 +119,87 @@ class FailureRecord:
             save_state(self.pipeline.layout, new)
             self.pipeline.state = new
 
-    def record(self, error: BaseException) -> None:
-        """Record the micro-batch the stream failed on (planned in the checkpoint's offset
-        log, not committed) in the state, before ``run`` raises: ``pgcdc status`` reports it
-        until a batch is applied. A stream that failed planning a batch records nothing."""
+    def record(self, error: BaseException, diagnosis: Diagnosis | None = None) -> None:
+        """Record the micro-batch the stream failed on in the state, before ``run`` raises:
+        ``pgcdc status`` reports it until a batch is applied. That is the batch planned in the
+        checkpoint's offset log and not committed, or, for a stream that failed planning one
+        with a failure pgcdc recognises (its offset log could not be written to a full disk,
+        say), the next batch, whose end is unknown. When the state cannot be written, the
+        record is kept outside the lake (``save_failure_note``)."""
         state = self.pipeline.state
         if state is None:
             return
-        checkpoint = state.checkpoint(self.pipeline.layout)
-        batch = planned_batch(checkpoint)
+        layout = self.pipeline.layout
+        checkpoint = state.checkpoint(layout)
+        planned = planned_batch(checkpoint)
         committed = committed_batch(checkpoint)
-        if batch is None or (committed is not None and committed >= batch):
+        found = diagnosis or self.diagnosis(error)
+        if planned is not None and (committed is None or committed < planned):
+            batch, end = planned, batch_offset(checkpoint, planned)
+        elif found.known:
+            batch, end = (0 if committed is None else committed + 1), None
+        else:  # the source failed planning, say: the next start plans again
             return
-        seen = self._failed
-        failed = seen[1] if seen is not None and seen[0] == batch else error_class(error)
         start = state.consistent_point if batch == 0 else batch_offset(checkpoint, batch - 1)
-        end = batch_offset(checkpoint, batch)
         now = datetime.now(UTC).isoformat(timespec="seconds")
 
-        def record(current: PipelineState) -> PipelineState:
+        def failed(current: PipelineState) -> PipelineState:
             before = current.last_failure
             again = before is not None and before.batch == batch
             failure = BatchFailure(
                 batch=batch,
                 start_lsn=start,
                 end_lsn=end,
-                error=failed,
+                error=found.error,
                 at=now,
                 first_at=before.first_at if again and before is not None else now,
                 attempts=before.attempts + 1 if again and before is not None else 1,
+                cause=found.cause if found.known else None,
+                fix=found.fix if found.known else None,
             )
             return current.evolve(last_failure=failure)
 
         try:
-            self._update(record)
+            self._update(failed)
         except Exception as exc:  # the run fails with the stream's error all the same
+            reason = scrub_secrets(f"{type(exc).__name__}: {exc}")
+            base = self.pipeline.state or state
+            kept = save_failure_note(layout, failed(base), reason)
             log.warning(
-                "could not record the failed batch %s in the pipeline state: %s",
+                "could not record the failed batch %s in the pipeline state (%s): %s",
                 batch,
-                scrub_secrets(f"{type(exc).__name__}: {exc}"),
+                reason,
+                f"kept in {kept} instead, where pgcdc status reads it"
+                if kept is not None
+                else "nor outside the lake: pgcdc status cannot report it",
+                extra={"batch": batch, "note": None if kept is None else str(kept)},
             )
             return
+        remove_failure_notes(layout)  # the state holds the failure now
         log.warning(
             "batch %s (LSN %s to %s) failed with %s: recorded in the pipeline state, "
             "pgcdc status reports it until a batch is applied",
             batch,
             start or "-",
             end or "-",
-            failed,
-            extra={"batch": batch, "min_lsn": start, "max_lsn": end, "error": failed},
+            found.error,
+            extra={"batch": batch, "min_lsn": start, "max_lsn": end, "error": found.error},
         )
 
     def clear(self, applied: int | None) -> None:
         """Forget the recorded failure: batch ``applied`` is in the lake (a later batch, or
-        the failed one applied this time), or (None) when the checkpoint committed it."""
+        the failed one applied this time), or (None, the query ended without failing) when
+        the checkpoint committed it, or it failed planning (its end is unknown) and this
+        query planned without failing."""
+        layout = self.pipeline.layout
         state = self.pipeline.state
+        if applied is not None or state is None:
+            done = applied
+        else:  # a failure in planning is kept as failing the batch after the last committed
+            committed = self._committed()
+            done = (-1 if committed is None else committed) + 1
+        if done is not None:
+            remove_failure_notes(layout, applied=done)
         if state is None or state.last_failure is None:
             return
 
@@ -141,7 +207,8 @@ class FailureRecord:
             failure = current.last_failure
             if failure is None:
                 return None
-            if applied is None and current.failure_standing(self.pipeline.layout) is not None:
+            planning = failure.end_lsn is None
+            if applied is None and not planning and current.failure_standing(layout) is not None:
                 return None
             if applied is not None and applied < failure.batch:
                 return None
@@ -240,8 +307,8 @@ def spark_hint(error: BaseException) -> str:
         )
     if exit_status is not None and not out_of_memory:
         return (
-            f"; Spark's driver JVM exited with status {exit_status} (its log above says why). "
-            f"{unconfirmed}"
+            f"; Spark's driver JVM exited with status {exit_status} (its last words are "
+            f"logged above; pgcdc --log-level DEBUG shows Spark's log too). {unconfirmed}"
         )
     return (
         "; Spark's driver ran out of memory or stopped (a micro-batch holds whole source "
@@ -261,3 +328,246 @@ def _killed_by(exit_status: int | None) -> int | None:
     if exit_status < 0 or signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
         return signum if signum in known else None
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """What a failure comes down to: its ``cause`` in a line (no stack trace), ``error`` (the
+    class of the exception that failed: the Java root cause's behind a Py4J call), the
+    ``path`` it concerns and its ``fix``. ``known``: a failure pgcdc recognised; its cause and
+    fix are then pgcdc's words and a path, never a value of a row, and the state keeps them."""
+
+    cause: str
+    error: str
+    path: str | None = None
+    fix: str | None = None
+    known: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.cause}. Fix: {self.fix}" if self.fix else self.cause
+
+
+def diagnose(error: BaseException, lake: str | None = None) -> Diagnosis:
+    """``error`` reduced to its root cause, with the path and the fix when pgcdc recognises it
+    (see the module doc); ``lake``: the lake's root, named when the error names no path."""
+    text = first_line(error)
+    kind = error_class(error)
+    if isinstance(error, PgcdcError):  # pgcdc's own words already, cause and fix
+        return Diagnosis(text, kind)
+    causes = java_causes(error)
+    found = recognise(causes, lake)
+    if found is not None:
+        return found
+    if causes and ("Py4JJavaError" in kind or _PY4J_CALL in text):
+        # "An error occurred while calling o639.execute": the Java exceptions say what
+        outer, root = causes[0], causes[-1]
+        text = _describe(outer) + ("" if root is outer else f"; caused by {_describe(root)}")
+        kind = root.java_class
+    return Diagnosis(text, kind)
+
+
+_PY4J_CALL = "An error occurred while calling"
+
+
+def recognise(causes: Sequence[JavaCause], lake: str | None = None) -> Diagnosis | None:
+    """The failure a Java cause chain (outermost first) shows, when pgcdc recognises it (see
+    the module doc); ``lake``: the lake's root, named when the chain names no path."""
+    for rule in _RULES:
+        for cause in reversed(causes):  # the root cause first
+            found = rule(cause, causes, lake)
+            if found is not None:
+                return found
+    return None
+
+
+def _describe(cause: JavaCause) -> str:
+    lines = cause.message.strip().splitlines()
+    return f"{cause.java_class}: {lines[0][:500]}" if lines else cause.java_class
+
+
+def _said(cause: JavaCause, *reasons: str) -> str | None:
+    """Which of the operating system's ``reasons`` (strerror texts: Java has no class for
+    them) ``cause`` gives, as a file system error's reason or in an I/O error's message (any
+    exception's, when only the text of a stack trace is left)."""
+    io = cause.from_text or cause.is_a("java.io.IOException", "java.io.UncheckedIOException")
+    for reason in reasons:
+        if cause.reason == reason or (io and reason in cause.message):
+            return reason
+    return None
+
+
+_URI = re.compile(r"\b((?:file|s3a?|hdfs|abfss?|gs):/[^\s,;'\"()\[\]]*[^\s,;'\"()\[\].:])")
+#: java.io's ``<path> (<reason>)``, as FileOutputStream says it
+_PATH_AND_REASON = re.compile(r"^(/\S.*) \([^()]+\)$")
+
+
+def _local(path: str) -> str:
+    """A local ``file:`` URI as a path (what the user types)."""
+    if path.startswith("file://"):
+        return path[len("file://") :] or "/"
+    if path.startswith("file:"):
+        return path[len("file:") :]
+    return path
+
+
+def _path(causes: Sequence[JavaCause]) -> str | None:
+    """The path the failure concerns: the innermost one Java gives (a file system error's
+    file, a Spark error's parameter), else one the innermost message names."""
+    for cause in reversed(causes):
+        if cause.path:
+            return _local(cause.path)
+    for cause in reversed(causes):
+        match = _URI.search(cause.message) or _PATH_AND_REASON.match(cause.message.strip())
+        if match is not None:
+            return _local(match.group(1))
+    return None
+
+
+#: Spark's classes that write a streaming query's checkpoint (offset and commit logs)
+_CHECKPOINT_WRITERS = ("MetadataLog", "CheckpointFileManager")
+
+
+def _in_checkpoint(causes: Sequence[JavaCause]) -> bool:
+    """Whether the root cause was thrown writing the streaming checkpoint (in the lake)."""
+    return any(name in frame for frame in causes[-1].frames for name in _CHECKPOINT_WRITERS)
+
+
+def _no_space(cause: JavaCause, causes: Sequence[JavaCause], lake: str | None) -> Diagnosis | None:
+    said = _said(cause, "No space left on device", "Disk quota exceeded")
+    if said is None:
+        return None
+    path = _path(causes)
+    writing = "" if path is None else f" writing {path}"
+    if path is None and lake and _in_checkpoint(causes):
+        path = f"{lake}/_pgcdc"
+        writing = f" writing the streaming checkpoint in {path}"
+    if path is not None:
+        where = f"the file system that holds {path}"
+    else:
+        lake_text = f" ({lake})" if lake else ""
+        where = (
+            f"the lake's file system{lake_text} or Spark's local directory (spark.local.dir, "
+            "the temporary directory by default)"
+        )
+    return Diagnosis(
+        f"{said} ({cause.java_class}){writing}",
+        cause.java_class,
+        path,
+        f"free space on {where} (df shows how much is left; a disk quota limits its user), "
+        "or give the lake a larger one, then run pgcdc run again: what failed is done again",
+        known=True,
+    )
+
+
+def _read_only(cause: JavaCause, causes: Sequence[JavaCause], lake: str | None) -> Diagnosis | None:
+    said = _said(cause, "Read-only file system") or (
+        "Read-only file system" if cause.is_a("java.nio.file.ReadOnlyFileSystemException") else None
+    )
+    if said is None:
+        return None
+    path = _path(causes) or lake
+    return Diagnosis(
+        f"{said} ({cause.java_class})" + (f" writing {path}" if path else ""),
+        cause.java_class,
+        path,
+        "mount that file system read-write, or point lake.path at a writable place, then run "
+        "pgcdc run again",
+        known=True,
+    )
+
+
+#: S3's error codes of a request refused for its credentials or their permissions
+_S3_DENIED = frozenset({"AccessDenied", "AllAccessDisabled", "AccountProblem"})
+_S3_CREDENTIALS = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "InvalidSecurity",
+    }
+)
+_S3_NO_BUCKET = ("org.apache.hadoop.fs.s3a.UnknownStoreException",)
+_S3_NO_CREDENTIALS = (
+    "org.apache.hadoop.fs.s3a.auth.NoAuthWithAWSException",
+    "org.apache.hadoop.fs.s3a.auth.NoAwsCredentialsException",
+)
+_S3_GRANTS = (
+    "s3:ListBucket on the bucket and s3:GetObject, s3:PutObject and s3:DeleteObject on the "
+    "lake's prefix (docs/s3.md)"
+)
+
+
+def _s3(cause: JavaCause, causes: Sequence[JavaCause], lake: str | None) -> Diagnosis | None:
+    code = cause.error_code
+    if code is None and cause.is_a(*_S3_NO_BUCKET):
+        code = "NoSuchBucket"
+    if code is None and not cause.is_a(*_S3_NO_CREDENTIALS):
+        return None
+    path = _path(causes) or lake
+    on = f" for {path}" if path else ""
+    status = f", HTTP {cause.status}" if cause.status else ""
+    if code is None:
+        cause_text = f"no AWS credentials found ({cause.java_class}){on}"
+        fix = (
+            "give pgcdc and Spark credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            f"AWS_PROFILE, or an instance or pod role, allowed {_S3_GRANTS}"
+        )
+    elif code == "NoSuchBucket":
+        bucket = path[len("s3a://") :].split("/", 1)[0] if path and "://" in path else None
+        cause_text = f"S3 has no bucket {bucket or ''}".rstrip() + f" (NoSuchBucket{status}){on}"
+        fix = (
+            "create the bucket, or correct lake.path (and [lake.s3] endpoint and region, which "
+            "name where it is)"
+        )
+    elif code in _S3_CREDENTIALS:
+        cause_text = f"S3 refused the credentials ({code}{status}){on}"
+        fix = (
+            "set the right AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN "
+            "for temporary ones, renewed before they expire), or the profile or role that "
+            "holds them"
+        )
+    elif code in _S3_DENIED:
+        cause_text = f"S3 denied access ({code}{status}){on}"
+        fix = f"give the credentials pgcdc and Spark use {_S3_GRANTS}"
+    else:
+        cause_text = f"S3 refused a request ({code}{status}){on}"
+        fix = (
+            f"see what S3's error code {code} means "
+            "(https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html); a busy "
+            "or unavailable store (SlowDown, HTTP 503) passes: run pgcdc run again"
+        )
+    return Diagnosis(cause_text, cause.java_class, path, fix, known=True)
+
+
+def _denied(cause: JavaCause, causes: Sequence[JavaCause], lake: str | None) -> Diagnosis | None:
+    if not (
+        cause.is_a("java.nio.file.AccessDeniedException")
+        or _said(cause, "Permission denied") is not None
+    ):
+        return None
+    path = _path(causes) or lake
+    if path is not None and "://" in path and not path.startswith("file:"):
+        return None  # a store's refusal: its error code says more (``_s3``)
+    try:
+        user = getpass.getuser()
+    except Exception:  # no name for this uid
+        user = "this user"
+    return Diagnosis(
+        f"Permission denied ({cause.java_class})" + (f" on {path}" if path else ""),
+        cause.java_class,
+        path,
+        f"let the user pgcdc runs as ({user}) write the lake's folders (chown or chmod), or "
+        "run pgcdc as their owner, then run pgcdc run again",
+        known=True,
+    )
+
+
+#: in this order: an S3 refusal is also an AccessDeniedException, which says less
+_RULES: tuple[Callable[[JavaCause, Sequence[JavaCause], str | None], Diagnosis | None], ...] = (
+    _no_space,
+    _read_only,
+    _s3,
+    _denied,
+)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pgcdc.lake.batch import table_column_pairs
 from pgcdc.lake.bootstrap import server_identity
 from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source
-from pgcdc.lake.failures import PipelineError, first_line
+from pgcdc.lake.failures import PipelineError, diagnose
 from pgcdc.lake.snapshot import remove_tables, write_snapshot
 from pgcdc.lake.state import PipelineState, load_state, save_state
 from pgcdc.lake.tables import text_columns_option
@@ -182,9 +182,11 @@ class InitialCopy:
                     fence=self.pipeline.lease.check,
                 )
             except Exception as exc:
+                found = diagnose(exc, str(self.layout.root))
+                fix = f". Fix: {found.fix}" if found.fix else ""
                 raise PipelineError(
-                    f"the initial copy failed: {scrub_secrets(first_line(exc))}; the next "
-                    "start copies everything again"
+                    f"the initial copy failed: {scrub_secrets(found.cause)}; the next start "
+                    f"copies everything again{fix}"
                 ) from exc
         state = state.evolve(snapshot_done=True, snapshot_rows=dict(snapshot.rows))
         save_state(self.layout, state)

@@ -176,6 +176,8 @@ class Maintenance:
                     raise
                 # never fails the batch, whose commits are done: nothing of it depends on this
                 except Exception as exc:
+                    from pgcdc.lake.failures import diagnose  # it imports the batches
+
                     conflict = isinstance(exc, conflicts())
                     with _lock:
                         lost = _gave_way[key] = _gave_way.get(key, 0) + int(conflict)
@@ -186,7 +188,7 @@ class Maintenance:
                         name,
                         "gave way to a batch's commit" if conflict else "failed",
                         type(exc).__name__,
-                        str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "",
+                        _first_line(exc) if conflict else str(diagnose(exc))[:600],
                     )
                     if conflict and lost % GAVE_WAY_WARNING == 0:
                         # a step that always loses never runs: small files or deleted rows pile
@@ -334,6 +336,11 @@ class Maintenance:
             _vacuumed[path] = due
         log.debug("vacuumed %s (retention %d hours)", name, self.vacuum_retention_hours)
         return True
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else ""
 
 
 #: a vacuum with less retention than this (hours) runs between batches only: it deletes files

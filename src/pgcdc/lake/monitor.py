@@ -169,13 +169,7 @@ class BatchEvents:
         self.observer.batch_done(result)
 
     def batch_failed(self, batch_id: int, error: BaseException) -> None:
-        self.metrics.record_error("batch")
-        log.warning(
-            "batch %s failed: %s",
-            batch_id,
-            scrub_secrets(str(error).strip().splitlines()[0] if str(error).strip() else ""),
-            extra={"batch": batch_id},
-        )
+        self.metrics.record_error("batch")  # the failure's record logs it (failures.py)
 
 
 class SlotMonitor:

@@ -35,9 +35,12 @@ database so the slot keeps advancing when nothing it publishes changes. A ``RunO
 passed to ``Pipeline`` hears about the snapshot's and the stream's progress.
 
 A stream that fails on a micro-batch records it in the state (``state.last_failure``: the
-batch planned in the checkpoint's offset log and not committed, its LSN range, the error's
-class, when) before ``run`` raises, so that ``pgcdc status`` reports it (exit 1); a batch applied
-later clears it, as does a run whose checkpoint committed that batch.
+batch planned in the checkpoint's offset log and not committed, or the next one if planning it
+failed, its LSN range, the error's class, when, and the cause and fix of a failure pgcdc
+recognises, ``failures.diagnose``) before ``run`` raises, so that ``pgcdc status`` reports it
+(exit 1); a batch applied later clears it, as does a run whose checkpoint committed that batch.
+When the state cannot be written, the failure is kept outside the lake, where ``status`` reads
+it too (``state.save_failure_note``).
 
 A lake whose slot ``pgcdc drop`` dropped (``state.dropped_at``) is never copied into again:
 ``run`` fails and says to move the lake away first.

@@ -20,19 +20,31 @@ no longer written.
 applied again: ``pgcdc status`` shows it and exits 1 while it stands (``failure_standing``: the
 streaming checkpoint has not committed that batch since). The checkpoint helpers read Spark's
 offset and commit logs (``offsets/<batch>``, ``commits/<batch>``) without Spark.
+
+A failure the state cannot take (the disk that holds the lake is full) is kept in a note
+outside the lake instead (``save_failure_note``): a small JSON file named after the lake,
+``failure-<digest>.json``, in the first of ``note_folders`` that takes it
+(``$XDG_STATE_HOME/pgcdc`` or ``~/.local/state/pgcdc``, then ``/dev/shm/pgcdc-<uid>``, then the
+temporary directory's ``pgcdc-<uid>``: different file systems, as a rule). ``pgcdc status``
+on the same machine reads it (``load_failure_note``); the run that records a failure in the
+state again, or applies the batch, removes it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import stat
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pgcdc.errors import PgcdcError
@@ -43,15 +55,20 @@ __all__ = [
     "RUN_LOCK",
     "STATE_FORMAT",
     "BatchFailure",
+    "FailureNote",
     "PipelineState",
     "StateError",
     "batch_offset",
     "check_writable",
     "committed_batch",
+    "load_failure_note",
     "load_state",
+    "note_folders",
     "planned_batch",
+    "remove_failure_notes",
     "remove_torn_writes",
     "run_lock",
+    "save_failure_note",
     "save_state",
 ]
 
@@ -74,7 +91,9 @@ def _now() -> str:
 class BatchFailure:
     """A micro-batch that failed and has not been applied since: its id, the WAL it covers
     (after ``start_lsn``, through ``end_lsn``), the error's class (never its message, which
-    may quote row values), when it failed last and first, and how many runs failed on it."""
+    may quote row values), when it failed last and first, and how many runs failed on it;
+    for a failure pgcdc recognised (``pgcdc.lake.failures.diagnose``), its cause and fix in
+    pgcdc's words (a path at most, no value)."""
 
     batch: int
     start_lsn: str | None  # "X/XXXXXXXX"
@@ -83,6 +102,8 @@ class BatchFailure:
     at: str  # ISO time
     first_at: str
     attempts: int = 1
+    cause: str | None = None
+    fix: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,3 +334,111 @@ def save_state(layout: LakeLayout, state: PipelineState) -> None:
         layout.location.store().write(path.key, text.encode("utf-8"))
     except StorageError as exc:
         raise StateError(f"cannot write the pipeline state: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class FailureNote:
+    """A failure kept outside the lake (see the module doc): the failure, the file, and why
+    the state could not take it."""
+
+    failure: BatchFailure
+    path: Path
+    state_error: str
+
+
+def note_folders() -> list[Path]:
+    """Where failure notes are kept, in the order tried."""
+    uid = os.getuid()
+    state_home = os.environ.get("XDG_STATE_HOME")
+    folders = []
+    with contextlib.suppress(KeyError, RuntimeError):  # no home directory known
+        folders.append(
+            Path(state_home) / "pgcdc" if state_home else Path.home() / ".local/state/pgcdc"
+        )
+    if Path("/dev/shm").is_dir():
+        folders.append(Path("/dev/shm") / f"pgcdc-{uid}")
+    folders.append(Path(tempfile.gettempdir()) / f"pgcdc-{uid}")
+    return folders
+
+
+def _note_name(layout: LakeLayout) -> str:
+    digest = hashlib.sha256(str(layout.root).encode("utf-8")).hexdigest()[:24]
+    return f"failure-{digest}.json"
+
+
+def save_failure_note(layout: LakeLayout, state: PipelineState, reason: str) -> Path | None:
+    """Keep ``state``'s ``last_failure`` outside the lake (the state could not be written:
+    ``reason``), atomically, in the first folder that takes it; the file, or None."""
+    if state.last_failure is None:
+        return None
+    data = {
+        "lake": str(layout.root),
+        "pipeline_id": state.pipeline_id,
+        "generation": state.generation,
+        "state_error": reason,
+        "failure": asdict(state.last_failure),
+    }
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    for folder in note_folders():
+        target = folder / _note_name(layout)
+        temporary = folder / f".{target.name}.{os.getpid()}.tmp"
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            found = folder.lstat()
+            if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+                # /dev/shm and /tmp are everyone's: a folder of another user, or a link
+                raise OSError(f"{folder} is not a folder of this user")
+            temporary.write_text(text, encoding="utf-8")
+            temporary.replace(target)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            log.debug("no failure note in %s: %s", folder, exc)
+            continue
+        return target
+    return None
+
+
+def _read_note(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def load_failure_note(layout: LakeLayout, state: PipelineState) -> FailureNote | None:
+    """The newest failure kept outside the lake for ``state``'s pipeline and generation."""
+    found: list[FailureNote] = []
+    for folder in note_folders():
+        path = folder / _note_name(layout)
+        data = _read_note(path)
+        if (
+            data is None
+            or data.get("lake") != str(layout.root)
+            or data.get("pipeline_id") != state.pipeline_id
+            or data.get("generation") != state.generation
+        ):
+            continue
+        try:
+            failure = BatchFailure(**data["failure"])
+        except (KeyError, TypeError):
+            continue
+        found.append(FailureNote(failure, path, str(data.get("state_error", ""))))
+    return max(found, key=lambda note: (note.failure.at, note.failure.batch), default=None)
+
+
+def remove_failure_notes(layout: LakeLayout, *, applied: int | None = None) -> None:
+    """Remove the lake's failure notes: all, or those of batches up to ``applied``."""
+    for folder in note_folders():
+        path = folder / _note_name(layout)
+        if not path.exists():
+            continue
+        if applied is not None:
+            data = _read_note(path)
+            failure = None if data is None else data.get("failure")
+            batch = failure.get("batch") if isinstance(failure, dict) else None
+            if isinstance(batch, int) and batch > applied:
+                continue
+        with contextlib.suppress(OSError):
+            path.unlink()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgcdc.lake.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
 from pgcdc.lake.catalog import SourcePlan
-from pgcdc.lake.failures import FailureRecord, PipelineError, first_line, spark_hint
+from pgcdc.lake.failures import FailureRecord, PipelineError, diagnose, spark_hint
 from pgcdc.lake.maintenance import worker_for
 from pgcdc.lake.monitor import BatchEvents, SlotMonitor
 from pgcdc.lake.state import PipelineState, remove_torn_writes
@@ -176,7 +176,13 @@ class StreamRunner:
                 query_writer = query_writer.trigger(
                     processingTime=f"{stream.trigger_interval:g} seconds"
                 )
-            query = query_writer.queryName(f"pgcdc_{source.slot}").start()
+            try:
+                query = query_writer.queryName(f"pgcdc_{source.slot}").start()
+            except Exception as exc:  # its checkpoint cannot be written, say
+                found = diagnose(exc, str(self.layout.root))
+                raise PipelineError(
+                    f"the stream did not start: {scrub_secrets(str(found))}"
+                ) from exc
             pipeline.query = query
             start = None if health is None else health.confirmed_flush_lsn
             target = None if health is None else health.server_lsn
@@ -241,9 +247,11 @@ class StreamRunner:
                 # the slot went (pgcdc drop --force, pg_drop_replication_slot) or was
                 # invalidated under the stream: the pipeline's fix, not the source's
                 raise PipelineError(lost) from error
-            self.failures.record(error)
+            diagnosis = self.failures.diagnosis(error)
+            self.failures.record(error, diagnosis)
+            hint = "" if diagnosis.fix else spark_hint(error)
             raise PipelineError(
-                f"the stream failed: {scrub_secrets(first_line(error))}{spark_hint(error)}"
+                f"the stream failed: {scrub_secrets(str(diagnosis))}{hint}"
             ) from error
 
     def _drain_maintenance(self, app_id: str) -> None:

@@ -6,12 +6,21 @@ columns while the initial copy ran). Raised in an executor's ``read()``, they re
 as a Java exception whose message holds the Python traceback, so their messages start with a
 tag naming their class, ``[pgcdc:<class>]``; ``raised_as`` recovers the class from any exception
 chain, and callers decide by class, never by the wording of a message.
+
+Errors from the JVM: ``java_causes`` reads the Java exception behind an error (a
+``Py4JJavaError``, or a pyspark error that captured one) and its causes down to the root, class
+by class, through py4j while the JVM runs (``JavaCause``: the class and its superclasses, the
+message, and what Java gives beyond it: a file system error's file and reason, a Spark error's
+``path`` parameter, an AWS service error's code and HTTP status); an error that reached Python
+as text only (one that crossed a Python callback into the JVM and back) is read from its text.
+``pgcdc.lake.failures`` turns them into a cause and a fix.
 """
 
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
 from pgcdc.errors import PgcdcError
 
@@ -19,12 +28,14 @@ __all__ = [
     "SCHEMA_CHANGED_MARKER",
     "CopyAgain",
     "EndpointError",
+    "JavaCause",
     "OptionError",
     "ReplayError",
     "SchemaChanged",
     "SparkSourceError",
     "UnreadableValueError",
     "is_schema_changed",
+    "java_causes",
     "raised_as",
     "unreadable_value",
 ]
@@ -148,3 +159,157 @@ def unreadable_value(column: tuple[str, str, str], reason: str) -> UnreadableVal
         "holds the table already then needs it copied again), or the source option "
         f"textColumns={json.dumps({qualified: [name]})}",
     )
+
+
+@dataclass(frozen=True, slots=True)
+class JavaCause:
+    """One exception of the Java cause chain behind an error (see the module doc)."""
+
+    java_class: str
+    message: str = ""
+    #: the class and its superclasses (and ``org.apache.spark.SparkThrowable`` if a Spark error)
+    classes: frozenset[str] = frozenset()
+    #: ``FileSystemException.getFile()``, or the ``path`` parameter of a Spark error
+    path: str | None = None
+    #: ``FileSystemException.getReason()``: ``No space left on device``, ``Permission denied``
+    reason: str | None = None
+    #: an AWS service error's code (``AccessDenied``, ``NoSuchBucket``) and HTTP status
+    error_code: str | None = None
+    status: int | None = None
+    #: read from a stack trace's text: ``classes`` holds the class alone
+    from_text: bool = False
+    #: the classes of the root cause's stack frames, innermost first (where it was thrown)
+    frames: tuple[str, ...] = ()
+
+    def is_a(self, *names: str) -> bool:
+        """Whether the exception is an instance of one of the Java classes ``names``."""
+        return any(name in self.classes for name in names)
+
+
+#: at most this many causes are read (a chain is a handful; a cycle must not hang)
+_MAX_CAUSES = 32
+_MAX_FRAMES = 200
+_AWS_SERVICE_ERROR = "software.amazon.awssdk.awscore.exception.AwsServiceException"
+_FILE_SYSTEM_ERROR = "java.nio.file.FileSystemException"
+_SPARK_ERROR = "org.apache.spark.SparkThrowable"
+
+
+def java_causes(error: BaseException | None) -> list[JavaCause]:
+    """The Java cause chain behind ``error``, outermost first, root last: from the first Java
+    exception in ``error``'s cause/context chain, read through py4j; else, when the JVM cannot
+    be asked (gone) or the error holds Java's text only, parsed from that text. Empty when
+    ``error`` did not come from the JVM."""
+    texts = []
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        for java in _java_objects(error):
+            try:
+                return _read_causes(java)
+            except Exception:  # the JVM is gone: its text, if Python has it
+                break
+        texts.append(_text(error))
+        error = error.__cause__ or error.__context__
+    for text in texts:
+        causes = _parse_causes(text)
+        if causes:
+            return causes
+    return []
+
+
+def _java_objects(error: BaseException) -> list[Any]:
+    """The Java exceptions ``error`` holds: a ``Py4JJavaError``'s, or the one a pyspark error
+    captured (or its cause's, for a streaming query's error made from the query's exception)."""
+    found = []
+    current: Any = error
+    for _ in range(_MAX_CAUSES):
+        if current is None:
+            break
+        java = getattr(current, "java_exception", None) or getattr(current, "_origin", None)
+        if java is not None:
+            found.append(java)
+            break
+        current = getattr(current, "_cause", None)
+    return found
+
+
+def _read_causes(java: Any) -> list[JavaCause]:
+    from py4j.java_gateway import is_instance_of  # type: ignore[import-untyped]
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    causes: list[JavaCause] = []
+    last = java
+    while java is not None and len(causes) < _MAX_CAUSES:
+        kind = java.getClass()
+        name = str(kind.getName())
+        classes = set()
+        while kind is not None:
+            classes.add(str(kind.getName()))
+            kind = kind.getSuperclass()
+        path = reason = code = None
+        status = None
+        if _FILE_SYSTEM_ERROR in classes:
+            path, reason = _text_or_none(java.getFile()), _text_or_none(java.getReason())
+        if gateway is not None and is_instance_of(gateway, java, _SPARK_ERROR):
+            classes.add(_SPARK_ERROR)
+            parameters = java.getMessageParameters()
+            path = path or (_text_or_none(parameters.get("path")) if parameters else None)
+        if _AWS_SERVICE_ERROR in classes:
+            details = java.awsErrorDetails()
+            code = _text_or_none(details.errorCode()) if details is not None else None
+            status = int(java.statusCode())
+        causes.append(
+            JavaCause(
+                java_class=name,
+                message=(_text_or_none(java.getMessage()) or "")[:4000],
+                classes=frozenset(classes),
+                path=path,
+                reason=reason,
+                error_code=code,
+                status=status,
+            )
+        )
+        java, last = java.getCause(), java
+    if causes:  # where the root cause was thrown says what was being done
+        frames = tuple(str(frame.getClassName()) for frame in last.getStackTrace())
+        causes[-1] = replace(causes[-1], frames=frames[:_MAX_FRAMES])
+    return causes
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _text(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:  # a Py4JJavaError asks the JVM for its text
+        return ""
+
+
+#: a Java exception's line in a stack trace's text: ``Caused by: <class>: <message>``, or
+#: ``: <class>: <message>`` after a Py4J error's first line; a class is dotted and its simple
+#: name ends as Java's exceptions do
+_CAUSE_LINE = re.compile(
+    r"^(?:Caused by: |: )?((?:[A-Za-z_$][\w$]*\.)+[A-Za-z_$][\w$]*(?:Exception|Error|Throwable))"
+    r"(?:: (.*))?$"
+)
+
+
+def _parse_causes(text: str) -> list[JavaCause]:
+    """The Java exceptions a stack trace's text names at the start of a line (not those of
+    suppressed exceptions, which are indented), in their order: a chain's root is last."""
+    causes = []
+    for line in text.splitlines():
+        match = _CAUSE_LINE.match(line.rstrip())
+        if match is not None:
+            name = match.group(1)
+            causes.append(
+                JavaCause(
+                    java_class=name,
+                    message=(match.group(2) or "")[:4000],
+                    classes=frozenset([name]),
+                )
+            )
+    return causes
