@@ -324,8 +324,14 @@ class Pipeline:
         # what fails on a bad configuration or source fails before the lake is created
         self.check()
         start_point(self.config, self.state, self.dsn)
+        fresh = not self.layout.root.is_dir()
         with run_lock(self.layout, on_lost=self._lost) as lease:
-            self.spark()
+            try:
+                self.spark()
+            except BaseException:
+                if fresh:  # a first start whose Spark did not start leaves no lake behind
+                    self.layout.root.remove_tree()
+                raise
             self.lease = lease
             try:
                 return self._run(until_caught_up=until_caught_up, on_started=on_started)
