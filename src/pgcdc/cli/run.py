@@ -300,6 +300,7 @@ class _Display:
 
 def run(args: argparse.Namespace) -> int:
     from pgcdc.lake.config import ConfigError, load_config
+    from pgcdc.lake.metastore import CatalogError
     from pgcdc.lake.pipeline import Pipeline, PipelineError
     from pgcdc.lake.schema_evolution import SchemaEvolutionError
     from pgcdc.lake.state import StateError
@@ -393,6 +394,7 @@ def run(args: argparse.Namespace) -> int:
         out.say(str(exc), level=logging.ERROR)
         return 2
     except (
+        CatalogError,
         PipelineError,
         ReplicationError,
         StateError,

@@ -56,6 +56,13 @@ Reference (defaults in brackets):
     ``port`` [0: off]: serve Prometheus metrics at ``http://<addr>:<port>/metrics`` while
     ``run`` runs; ``addr`` ["127.0.0.1"]: the address to listen on (``"0.0.0.0"`` lets a
     Prometheus on another machine scrape it).
+``[catalog]`` (absent: none)
+    register every lake table in the Spark session's catalog (``pgcdc.lake.metastore``):
+    ``database`` ["{schema}"] and ``table`` ["{table}"], the mirror's name as patterns of the
+    source's ``{schema}`` and ``{table}``; ``history_suffix`` ["_history"] and
+    ``changelog_suffix`` ["_changelog"]; ``[catalog.names]``: ``"schema.table" =
+    "database.table"`` for single tables. Which catalog is ``[spark.conf]``'s (by default an
+    embedded metastore under the lake's ``_pgcdc/``; a local lake only).
 ``[[tables]]`` (one entry per table or pattern)
     ``name``: ``schema.table`` (``public`` if unqualified; ``*`` and ``?`` match within a part;
     double-quote parts with dots or upper case); ``row_filter``: an SQL expression, or a list
@@ -94,6 +101,7 @@ import fnmatch
 import json
 import os
 import re
+import string
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -112,12 +120,14 @@ from pydantic import (
 from pgcdc.errors import PgcdcError
 from pgcdc.filters import RowFilter, RowFilterError
 from pgcdc.lake.maintenance import Maintenance
+from pgcdc.lake.metastore import embedded_metastore
 from pgcdc.lake.storage import LakeLocation, S3Settings, is_s3_uri
 from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.replication import check_publication_name, scrub_secrets
 from pgcdc.sizes import parse_size
 
 __all__ = [
+    "CatalogSettings",
     "ConfigError",
     "LakeSettings",
     "MetricsSettings",
@@ -296,6 +306,78 @@ class SourceSettings(_Model):
                 [("source.dsn_env", f"environment variable {self.dsn_env} is not set or empty")]
             )
         return value
+
+
+#: the placeholders of ``[catalog] database`` and ``table``
+_CATALOG_FIELDS = ("schema", "table")
+
+
+def _catalog_pattern(value: object) -> object:
+    """A ``[catalog]`` name pattern: text with ``{schema}`` / ``{table}`` (``{{`` and ``}}``
+    for braces), nothing else between braces."""
+    if not isinstance(value, str):
+        return value  # the type error names what it must be
+    try:
+        parts = list(string.Formatter().parse(value))
+    except ValueError as exc:
+        raise ValueError(f"{value!r}: {exc}; write {{{{ and }}}} for a brace") from None
+    for _text, field, spec, conversion in parts:
+        if field is not None and (field not in _CATALOG_FIELDS or spec or conversion):
+            raise ValueError(
+                f"{value!r}: only {{schema}} and {{table}} can be filled in (the source "
+                "table's schema and name); write {{ and }} for a brace"
+            )
+    return value
+
+
+class CatalogSettings(_Model):
+    """``[catalog]``: register the lake's tables in the Spark session's catalog by name."""
+
+    database: Annotated[str, Field(min_length=1), BeforeValidator(_catalog_pattern)] = Field(
+        default="{schema}",
+        description="the database of a table's names: a pattern of {schema} and {table}",
+    )
+    table: Annotated[str, Field(min_length=1), BeforeValidator(_catalog_pattern)] = Field(
+        default="{table}", description="the mirror's name: a pattern of {schema} and {table}"
+    )
+    history_suffix: str = Field(
+        default="_history", min_length=1, description="the history's name: the mirror's + this"
+    )
+    changelog_suffix: str = Field(
+        default="_changelog",
+        min_length=1,
+        description="the changelog's name: the mirror's + this",
+    )
+    names: dict[str, str] = Field(
+        default_factory=dict,
+        description='per source table ("schema.table"), its mirror\'s "database.table"',
+    )
+
+    @field_validator("names")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        for source, name in value.items():
+            try:
+                split_table_name(source)
+            except ValueError as exc:
+                raise ValueError(f"{source!r}: {exc}") from None
+            if any(ch in source for ch in "*?["):
+                raise ValueError(f"{source!r}: name one table, without wildcards")
+            database, dot, table = name.partition(".")
+            if not dot or not database or not table or "." in table:
+                raise ValueError(
+                    f'{source!r} = {name!r}: write the name as "database.table" (one dot)'
+                )
+        return value
+
+    def name(self, schema: str, table: str) -> tuple[str, str]:
+        """The (database, table) of a source table's mirror."""
+        for source, name in self.names.items():
+            if split_table_name(source) == (schema, table):
+                database, _, mirror = name.partition(".")
+                return database, mirror
+        fields = {"schema": schema, "table": table}
+        return self.database.format_map(fields), self.table.format_map(fields)
 
 
 class MetricsSettings(_Model):
@@ -627,6 +709,9 @@ class PipelineConfig(_Model):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     stream: StreamSettings = Field(default_factory=StreamSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    catalog: CatalogSettings | None = Field(
+        default=None, description="register the lake's tables in the Spark session's catalog"
+    )
     tables: list[TableSettings] = Field(
         default_factory=list,
         description="tables to mirror; empty: every table of an existing publication",
@@ -880,6 +965,26 @@ def parse_config(
                 "lake.path",
                 f"{config.lake.path} {what} a file, not a folder: point lake.path at a folder "
                 "(created on the first start if missing), or move that file away",
+            )
+        )
+    embedded = config.catalog is not None and embedded_metastore(config.spark.conf)
+    if embedded and isinstance(path, Path) and ";" in str(path):
+        problems.append(
+            (
+                "catalog",
+                f"the embedded metastore cannot live under {path} (a ';' ends its database "
+                "name): move the lake to a path without ';', or give [spark.conf] a metastore "
+                "service (spark.hadoop.hive.metastore.uris); see docs/catalog.md",
+            )
+        )
+    if embedded and isinstance(path, str):
+        problems.append(
+            (
+                "catalog",
+                "an s3:// lake cannot hold the embedded metastore pgcdc sets up by default: "
+                "give [spark.conf] a metastore service (spark.hadoop.hive.metastore.uris), AWS "
+                "Glue's client factory or a catalog plugin (spark.sql.defaultCatalog); see "
+                "docs/catalog.md",
             )
         )
     seen: dict[str, int] = {}

@@ -12,11 +12,13 @@ standalone and spark-submit runs: the driver serves them to its executors), foun
 ``DELTA_PACKAGE`` itself. Plus the two settings that make Delta Spark's SQL and catalog, and a
 few defaults sized for small, frequent commits (``DEFAULTS``).
 
-Tables (``create_table``) have deletion vectors (a MERGE marks the rows it replaces in a small
-bitmap file instead of rewriting their Parquet files: merge-on-read), column mapping by name
-(any column name PostgreSQL allows, and dropping a column without rewriting the table), and
-statistics on the columns MERGEs match on (``delta.dataSkippingStatsColumns``), so a MERGE
-reads only the files whose key ranges hold a key of the batch.
+Tables (``create_table``; ``on_create`` hears of each one created, wherever: the initial
+copy, a table the stream creates later) have deletion vectors (a MERGE marks the rows it
+replaces in a small bitmap file instead of rewriting their Parquet files: merge-on-read),
+column mapping by name (any column name PostgreSQL allows, and dropping a column without
+rewriting the table), and statistics on the columns MERGEs match on
+(``delta.dataSkippingStatsColumns``), so a MERGE reads only the files whose key ranges hold a
+key of the batch.
 
 Writes are idempotent: each data commit carries Delta's application transaction
 ``(app id, version)`` (``tagged``: Delta's ``txnAppId``/``txnVersion``, for MERGE as session
@@ -35,7 +37,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -54,6 +56,7 @@ __all__ = [
     "delta_settings",
     "grows",
     "is_delta_table",
+    "on_create",
     "plain_type",
     "quiet_logs",
     "quote_name",
@@ -290,6 +293,22 @@ def is_delta_table(spark: Any, path: Path | str) -> bool:
     return bool(DeltaTable.isDeltaTable(spark, str(path)))
 
 
+#: called with (session, path) after ``create_table`` created a table (``on_create``)
+_CREATED: list[Callable[[Any, str], None]] = []
+
+
+@contextlib.contextmanager
+def on_create(listener: Callable[[Any, str], None]) -> Iterator[None]:
+    """Within the block, ``listener`` is called with the session and the path (as given) of
+    every Delta table ``create_table`` creates, in any thread, after its first commit; what it
+    raises fails the creating call (the table stays)."""
+    _CREATED.append(listener)
+    try:
+        yield
+    finally:
+        _CREATED.remove(listener)
+
+
 def create_table(
     spark: Any,
     path: Path | str,
@@ -314,6 +333,8 @@ def create_table(
         )
     builder.execute()
     log.info("created Delta table for %s at %s", what, path)
+    for listener in tuple(_CREATED):
+        listener(spark, str(path))
     return True
 
 

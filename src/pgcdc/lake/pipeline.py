@@ -42,6 +42,10 @@ recognises, ``failures.diagnose``) before ``run`` raises, so that ``pgcdc status
 When the state cannot be written, the failure is kept outside the lake, where ``status`` reads
 it too (``state.save_failure_note``).
 
+With ``[catalog]``, a ``metastore.Registrar`` registers the lake's tables in the session's
+catalog when the run starts (those the lake has) and as each is created (the copy's, and any
+the stream creates), until the run ends.
+
 A lake whose slot ``pgcdc drop`` dropped (``state.dropped_at``) is never copied into again:
 ``run`` fails and says to move the lake away first.
 """
@@ -67,6 +71,13 @@ from pgcdc.lake.delta import (
 )
 from pgcdc.lake.failures import PipelineError, spark_reason
 from pgcdc.lake.initial_copy import InitialCopy
+from pgcdc.lake.metastore import (
+    Registrar,
+    catalog_conf,
+    name_problems,
+    registrations,
+    uses_session_catalog,
+)
 from pgcdc.lake.monitor import Observer, RunObserver, SlotMonitor
 from pgcdc.lake.schema_evolution import evolve
 from pgcdc.lake.shape import recorded_shape, shape_problem
@@ -100,13 +111,17 @@ SPILL_READ_AHEAD_KEY = "spark.unsafe.sorter.spill.read.ahead.enabled"
 def session_conf(config: PipelineConfig) -> dict[str, str]:
     """The Spark settings of the session a pipeline starts: ``[spark.conf]`` with Delta's
     connector added (``delta.delta_settings``), the S3A file system's settings of an s3://
-    lake (``[lake.s3]``), and defaults for what it leaves out
+    lake (``[lake.s3]``), Hive support and the embedded metastore of a ``[catalog]`` that
+    ``[spark.conf]`` names no catalog for (``metastore.catalog_conf``), and defaults for what
+    it leaves out
     (``[spark] driver_host``, the cached batch size, the serializer's reset interval and the
     sort spill readers' read-ahead below)."""
     location = config.lake.location()
     conf = delta_settings(config.spark.conf, s3=location.is_s3)
     for key, value in location.spark_settings().items():
         conf.setdefault(key, value)
+    if config.catalog is not None:
+        catalog_conf(conf, LakeLayout(location))
     if config.spark.master.startswith("local"):
         # adaptive execution cannot coalesce a local session's few shuffle partitions, and
         # it runs each shuffle stage as a job of its own: a fixed cost per stage
@@ -176,6 +191,8 @@ class Pipeline:
         self.restarts = 0  # queries restarted for schema changes
         #: the lake held by this run (checked before each write; a no-op outside a run)
         self.lease = Lease()
+        #: registers the lake's tables in the catalog while a run runs (``[catalog]``)
+        self.registrar: Registrar | None = None
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -209,6 +226,13 @@ class Pipeline:
             if missing is not None:
                 raise PipelineError(missing)
         plan = plan_source(self.dsn, self.config)
+        catalog = self.config.catalog
+        if catalog is not None:
+            names = registrations(catalog, self.layout, plan.tables)
+            session = uses_session_catalog(self.config.spark.conf)
+            problems = name_problems(names, session_catalog=session)
+            if problems:
+                raise ConfigError(problems)
         state = load_state(self.layout)
         if state is not None:
             problems = config_problems(state, self.config, plan, server_identity(self.dsn))
@@ -337,6 +361,9 @@ class Pipeline:
                 return self._run(until_caught_up=until_caught_up, on_started=on_started)
             finally:
                 self.lease = Lease()
+                if self.registrar is not None:
+                    self.registrar.close()
+                    self.registrar = None
 
     def _lost(self, holder: str) -> None:
         self.set_fatal(
@@ -349,6 +376,12 @@ class Pipeline:
     ) -> RunResult:
         plan = self.check()  # under the lock: the state as the last holder left it
         self.fatal = None
+        catalog = self.config.catalog
+        if catalog is not None:  # before any table is created: each is registered as it is
+            self.registrar = Registrar(
+                self.layout, registrations(catalog, self.layout, plan.tables)
+            )
+            self.registrar.start(self.spark())
         self._serve_metrics()
         try:
             result = RunResult()
