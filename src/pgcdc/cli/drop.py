@@ -4,7 +4,10 @@ It drops the pipeline's replication slot, and its publication only if pgcdc crea
 lake's state records that; a publication that existed before, or any publication of a lake
 whose state predates that record, is kept), and nothing else: no other slot or publication,
 and never the lake's files (it says where they are). ``--keep-publication`` keeps the
-publication as well.
+publication as well. ``--catalog`` also removes from the catalog (``[catalog]``) the names
+pgcdc registered for the lake's tables, and the databases it created that are left empty; a
+name that points elsewhere by then, or that pgcdc did not register, stays. The tables' files
+stay either way.
 
 It first prints exactly what it will drop, then asks to type the slot's name; ``--yes`` skips
 the question, and without ``--yes`` it refuses when stdin is not a terminal. A slot in use (a
@@ -63,6 +66,12 @@ def register(sub: Any) -> tuple[str, Callable[[argparse.Namespace], int]]:
         action="store_true",
         help="terminate the walsender using the slot (a running pgcdc run) before dropping it",
     )
+    p.add_argument(
+        "--catalog",
+        action="store_true",
+        help="also remove from the catalog the lake tables pgcdc registered there ([catalog]); "
+        "their files are kept",
+    )
     return NAME, run
 
 
@@ -111,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _drop(args: argparse.Namespace, config: Any, layout: Any, console: Console) -> int:
     from pgcdc.lake.config import ConfigError
+    from pgcdc.lake.metastore import CatalogError, Registrar
     from pgcdc.lake.state import StateError, load_state
     from pgcdc.replication import (
         ReplicationError,
@@ -175,6 +185,11 @@ def _drop(args: argparse.Namespace, config: Any, layout: Any, console: Console) 
                 )
             else:
                 keep.append(f"publication {publication}: kept (it existed before the pipeline)")
+            names = [str(r.name) for r in Registrar(layout, []).recorded()]
+            if names and args.catalog:
+                plan.append(f"from the catalog: {', '.join(names)} (registered by pgcdc)")
+            elif names:
+                keep.append(f"in the catalog: {', '.join(names)}: kept (--catalog removes them)")
             keep.append(f"the lake {layout.root}: kept (delete the folder yourself if unwanted)")
 
             if not plan:
@@ -222,10 +237,13 @@ def _drop(args: argparse.Namespace, config: Any, layout: Any, console: Console) 
                 drop_publication(conn, publication, missing_ok=True)
                 log.info("dropped publication %s", publication, extra={"publication": publication})
                 _say(console, f"dropped publication {publication}")
+        if names and args.catalog:
+            for line in _unregister(config, layout):
+                _say(console, line)
     except ConfigError as exc:
         _say(console, str(exc), "red")
         return 2
-    except ReplicationError as exc:
+    except (ReplicationError, CatalogError) as exc:
         _say(console, f"pgcdc drop: {scrub_secrets(str(exc))}", "red")
         return 1
     _mark_dropped(state, layout, dropped=True)
@@ -236,6 +254,25 @@ def _drop(args: argparse.Namespace, config: Any, layout: Any, console: Console) 
             "to start over)",
         )
     return 0
+
+
+def _unregister(config: Any, layout: Any) -> list[str]:
+    """Remove what pgcdc registered from the catalog, in a Spark session with the pipeline's
+    catalog settings (those of ``[catalog]`` with its defaults when the file has none now)."""
+    from pgcdc.lake.config import CatalogSettings
+    from pgcdc.lake.metastore import Registrar
+    from pgcdc.lake.pipeline import session_conf
+    from pgcdc.spark import spark_session
+
+    if config.catalog is None:
+        config = config.model_copy(update={"catalog": CatalogSettings()})
+    spark = spark_session(
+        master=config.spark.master, app_name=config.spark.app_name, conf=session_conf(config)
+    )
+    try:
+        return Registrar(layout, []).unregister(spark)
+    finally:
+        spark.stop()
 
 
 def _mark_dropped(state: PipelineState | None, layout: LakeLayout, *, dropped: bool) -> None:
