@@ -166,7 +166,8 @@ def test_a_read_only_lake_is_refused_by_check_and_before_spark_starts(
 
 @pytest.mark.slow
 def test_demo(tmp_path: Path) -> None:
-    """The README's first command, end to end, in its own process (its own Spark)."""
+    """The README's first command, end to end, in its own process (its own Spark), and the
+    Spark SQL command line it ends with, reading the tables by name."""
     env = dict(os.environ, COLUMNS="160")
     done = subprocess.run(
         [sys.executable, "-m", "pgcdc", "demo", "--seconds", "6", "--lake", str(tmp_path / "lake")],
@@ -187,6 +188,16 @@ def test_demo(tmp_path: Path) -> None:
     # profile and warnings (issue 41), nor terminal escapes in a captured output
     for noise in ("NativeCodeLoader", "log4j", "incubator", "WARN ", "\x1b"):
         assert noise not in done.stdout + done.stderr, noise
+
+    # its closing line, pasted into a shell: the tables by name from the embedded metastore
+    line = next(x for x in done.stderr.splitlines() if x.startswith("SPARK_HOME="))
+    assert " spark.sql.catalogImplementation=hive " in line
+    query = subprocess.run(
+        ["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert query.returncode == 0, query.stderr[-4000:]
+    statuses = {row.split("\t")[0] for row in query.stdout.splitlines()}
+    assert statuses and statuses <= {"placed", "paid", "shipped"}, query.stdout
 
 
 @pytest.mark.slow

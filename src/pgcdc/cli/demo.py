@@ -6,7 +6,9 @@ runs (orders placed, paid, shipped, cancelled; customers and stock updated), wit
 When the workload ends, the pipeline catches up and the demo shows that every mirror equals its
 source table (row counts and a checksum per table). ``shop.orders`` also gets a history (SCD
 type 2) table and ``shop.order_items`` a changelog, to look at afterwards with Spark, DuckDB,
-Polars or ``deltalake``. The server is removed at the end; the lake folder stays.
+Polars or ``deltalake``. The server is removed at the end; the lake folder stays. A local lake's
+tables are registered in an embedded metastore under the lake (``[catalog]``), and the demo ends
+by printing a ``spark-sql`` command line that reads them by name.
 
 ``--lake s3://bucket/prefix`` (with ``--s3-endpoint`` and ``--s3-path-style`` for a store other
 than AWS S3, and the keys in the environment) writes the demo's lake into an S3 bucket instead.
@@ -189,24 +191,64 @@ def _lake_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _config(dsn: str, lake: dict[str, Any], master: str, interval: float) -> PipelineConfig:
     from pgcdc.lake.config import parse_config
+    from pgcdc.lake.storage import is_s3_uri
 
-    return parse_config(
-        {
-            "source": {"dsn": dsn, "slot": "pgcdc_demo", "publication": "pgcdc_demo"},
-            "lake": lake,
-            "spark": {
-                "master": master,
-                "app_name": "pgcdc-demo",
-                "conf": {"spark.log.level": "ERROR"},
-            },
-            "stream": {"trigger_interval": interval},
-            "tables": [
-                {"name": "shop.*"},
-                {"name": "shop.orders", "history": True},
-                {"name": "shop.order_items", "changelog": True},
-            ],
-        }
-    )
+    settings: dict[str, Any] = {
+        "source": {"dsn": dsn, "slot": "pgcdc_demo", "publication": "pgcdc_demo"},
+        "lake": lake,
+        "spark": {
+            "master": master,
+            "app_name": "pgcdc-demo",
+            "conf": {"spark.log.level": "ERROR"},
+        },
+        "stream": {"trigger_interval": interval},
+        "tables": [
+            {"name": "shop.*"},
+            {"name": "shop.orders", "history": True},
+            {"name": "shop.order_items", "changelog": True},
+        ],
+    }
+    if not is_s3_uri(str(lake["path"])):  # the embedded metastore lives in a local lake
+        settings["catalog"] = {}
+    return parse_config(settings)
+
+
+#: what the demo's closing line asks the catalog
+QUERY = "SELECT status, count(*) AS orders, sum(total) AS total FROM shop.orders GROUP BY status"
+
+
+def query_command(config: PipelineConfig) -> str:
+    """One shell line that reads the demo's tables by name with Spark SQL (``spark-sql`` of
+    the installed pyspark, Delta's connector, the lake's embedded metastore)."""
+    import shlex
+
+    import pyspark
+
+    from pgcdc.lake.delta import DELTA_PACKAGE, connector_jars, delta_settings
+    from pgcdc.lake.metastore import CONNECTION_URL, IMPLEMENTATION, catalog_conf
+    from pgcdc.lake.tables import LakeLayout
+
+    home = Path(pyspark.__file__).resolve().parent
+    argv = [f"SPARK_HOME={home}", str(home / "bin" / "spark-sql"), "--master", "local[1]"]
+    jars = connector_jars()
+    if jars and len({jar.parent for jar in jars}) == 1:
+        argv += ["--jars", str(jars[0].parent / "*.jar")]  # spark.jars takes globs
+    elif jars:
+        argv += ["--jars", ",".join(str(jar) for jar in jars)]
+    else:
+        argv += ["--packages", DELTA_PACKAGE]
+    conf: dict[str, str] = {}
+    catalog_conf(conf, LakeLayout(config.lake.location()))
+    delta = delta_settings({})
+    wanted = {
+        key: delta[key] for key in ("spark.sql.extensions", "spark.sql.catalog.spark_catalog")
+    }
+    wanted.update({key: conf[key] for key in (IMPLEMENTATION, CONNECTION_URL)})
+    wanted["spark.log.level"] = "ERROR"
+    for key, value in wanted.items():
+        argv += ["--conf", f"{key}={value}"]
+    argv += ["-e", QUERY]
+    return " ".join(shlex.quote(arg) if i else arg for i, arg in enumerate(argv))
 
 
 def _prepare_lake(config: PipelineConfig) -> str:
@@ -344,6 +386,16 @@ def run(args: argparse.Namespace) -> int:
             )
         console.print(f"lake: {lake} (Delta tables; read them with Spark, DuckDB, Polars)")
         pipeline.spark().stop()
+    if config.catalog is not None:
+        names = ", ".join(f"shop.{t.name}" for t in tables)
+        console.print(
+            f"registered in the lake's embedded metastore as {names} (and shop.orders_history, "
+            "shop.order_items_changelog); read them by name with Spark SQL once the demo ended:",
+            highlight=False,
+            markup=False,
+        )
+        # one line, never wrapped, so that it can be pasted as it is
+        console.print(query_command(config), soft_wrap=True, highlight=False, markup=False)
     ok = all(c.equal for c in checks)
     console.rule("[green]mirror equals source[/green]" if ok else "[red]mirror differs[/red]")
     return 0 if ok else 1
