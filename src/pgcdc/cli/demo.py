@@ -229,7 +229,8 @@ def query_command(config: PipelineConfig) -> str:
     from pgcdc.lake.tables import LakeLayout
 
     home = Path(pyspark.__file__).resolve().parent
-    argv = [f"SPARK_HOME={home}", str(home / "bin" / "spark-sql"), "--master", "local[1]"]
+    argv = [f"SPARK_HOME={shlex.quote(str(home))}", str(home / "bin" / "spark-sql")]
+    argv += ["--master", "local[1]"]
     jars = connector_jars()
     if jars and len({jar.parent for jar in jars}) == 1:
         argv += ["--jars", str(jars[0].parent / "*.jar")]  # spark.jars takes globs
@@ -243,7 +244,9 @@ def query_command(config: PipelineConfig) -> str:
     wanted = {
         key: delta[key] for key in ("spark.sql.extensions", "spark.sql.catalog.spark_catalog")
     }
-    wanted.update({key: conf[key] for key in (IMPLEMENTATION, CONNECTION_URL)})
+    wanted[IMPLEMENTATION] = conf[IMPLEMENTATION]
+    # without create=true: a reader pointed at the wrong place fails rather than making one
+    wanted[CONNECTION_URL] = conf[CONNECTION_URL].removesuffix(";create=true")
     wanted["spark.log.level"] = "ERROR"
     for key, value in wanted.items():
         argv += ["--conf", f"{key}={value}"]
