@@ -23,6 +23,7 @@ LONGEST = (
     "lake/test_s3_lake.py",
     "spark/test_standalone.py",
     "cli/test_run_and_demo.py",
+    "cli/test_catalog.py",
     "lake/test_multiset.py",
     "lake/test_pipeline.py",
     "cli/test_run_signals.py",

@@ -237,10 +237,14 @@ def _rows(spark: Any, statement: str) -> list[Any]:
 
 
 def _locked(exc: BaseException) -> bool:
-    """Whether ``exc`` is the embedded metastore held by another process."""
-    return "Another instance of Derby may have already booted" in str(exc) or (
-        "Failed to start database" in str(exc) and "derby" in str(exc).lower()
-    )
+    """Whether ``exc`` is the embedded metastore held by another process (Derby's words, in
+    the error or any cause, or the JVM's stack trace pyspark keeps)."""
+    texts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(texts) < 20:
+        texts += [str(seen), str(getattr(seen, "_stackTrace", "") or "")]
+        seen = seen.__cause__ or getattr(seen, "_cause", None)
+    return any("Another instance of Derby may have already booted" in t for t in texts)
 
 
 class Registrar:
