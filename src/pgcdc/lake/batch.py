@@ -43,6 +43,7 @@ from pgcdc.lake.changes import (
     table_events,
 )
 from pgcdc.lake.delta import cache_level
+from pgcdc.lake.deltalog import TableLog
 from pgcdc.lake.maintenance import Maintenance, conflicts, worker_for
 from pgcdc.lake.mirror import inserted_only
 from pgcdc.lake.multiset import assign_rows
@@ -50,7 +51,6 @@ from pgcdc.lake.schema_evolution import Defaults
 from pgcdc.lake.sink import SINKS, TableBatch
 from pgcdc.lake.storage import LakePath
 from pgcdc.lake.tables import ROW_ID, LakeLayout, LakeTable, TableKind
-from pgcdc.lake.target import DeltaTarget
 from pgcdc.lsn import Lsn
 
 __all__ = [
@@ -67,6 +67,9 @@ log = logging.getLogger("pgcdc.lake")
 
 #: tables of one batch written (and maintained) at the same time
 PARALLEL_TABLES = 4
+#: Delta commits of one batch made at the same time: each mostly waits (on the JVM, the log's
+#: files, a small Spark job after it), so more than the cores
+COMMIT_THREADS = 8
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -174,6 +177,9 @@ class LakeBatchWriter:
     #: raises when this process may no longer write the lake (``Lease.check``): called
     #: before each Delta commit
     fence: Callable[[], None] | None = field(default=None, repr=False)
+    #: the indexed write (new files, deletion vectors from the key index, one commit) for
+    #: changelogs and the mirrors of tables with a key; False: Delta's MERGE and append only
+    indexed: bool = True
 
     def _paths(self, table: LakeTable) -> dict[TableKind, str]:
         layout = LakeLayout(LakePath.parse(self.lake).location)
@@ -266,7 +272,7 @@ class LakeBatchWriter:
                 wanted = {
                     kind: path
                     for kind, path in paths.items()
-                    if not DeltaTarget(path).applied(self.app_id, batch_id)
+                    if not self._applied(df.sparkSession, path, batch_id)
                 }
                 if not wanted:
                     log.info("batch %s of %s is already in the lake", batch_id, table.table_id)
@@ -293,27 +299,85 @@ class LakeBatchWriter:
             df.unpersist()
 
     def _apply_tables(self, df: Any, batch_id: int, jobs: Sequence[_TableJob]) -> list[Any]:
-        """Write each table's Delta tables; the newest commit time each mirror got. Tables are
-        written at the same time, up to ``PARALLEL_TABLES``, each in a Spark session of its own
-        (a session's settings carry its writes' application transaction): a batch's time is
-        mostly each Delta operation's fixed cost (planning, the log, job scheduling), which
-        the tables then share."""
+        """Write each table's Delta tables; the newest commit time each mirror got.
+
+        The mirrors the key index serves and the changelogs are written together: their rows
+        as new files by one Spark job for the whole batch, then a commit per Delta table
+        (``pgcdc.lake.indexed``). The rest (histories; mirrors of tables without a key or that
+        the batch truncated) by Delta's MERGE, the tables at the same time, up to
+        ``PARALLEL_TABLES``, each in a Spark session of its own (a session's settings carry its
+        writes' application transaction)."""
         commits = _Commits(self.fail_after)
         if self.fail_after == 0:
             raise RuntimeError("injected failure before any Delta commit (tests)")
+        spark = df.sparkSession
+        batches = [self._table_batch(spark, df, batch_id, job) for job in jobs]
+        try:
+            direct: list[tuple[TableBatch, TableKind, str]] = []
+            merged: list[tuple[_TableJob, TableBatch, list[TableKind]]] = []
+            for job, batch in zip(jobs, batches, strict=True):
+                kinds = [k for k in _ORDER if k in job.wanted]
+                own = [k for k in kinds if self._direct(job.table, job.info, k)]
+                direct += [(batch, k, job.wanted[k]) for k in own]
+                rest = [k for k in kinds if k not in own]
+                if rest:
+                    merged.append((job, batch, rest))
+            newest: dict[str, Any] = {}
+            if direct:
+                for table_id, moment in self._write_direct(spark, direct, commits).items():
+                    newest[table_id] = moment
+            if merged:
 
-        def run(session: Any, job: _TableJob) -> Any:
-            return self._apply_table(session, df, batch_id, job, commits)
+                def run(session: Any, item: tuple[_TableJob, TableBatch, list[TableKind]]) -> Any:
+                    job, batch, kinds = item
+                    return self._merge_kinds(
+                        session, batch_id, job=job, batch=batch, kinds=kinds, commits=commits
+                    )
 
-        return _in_sessions(df.sparkSession, run, jobs, PARALLEL_TABLES)
+                for (job, _, _), moment in zip(
+                    merged, in_sessions(spark, run, merged, PARALLEL_TABLES), strict=True
+                ):
+                    if moment is not None:
+                        newest[job.table.table_id] = moment
+        finally:
+            for batch in batches:
+                if batch.resolved is not None and batch.resolved.is_cached:
+                    batch.resolved.unpersist()
+        return [newest.get(job.table.table_id) for job in jobs]
 
-    def _apply_table(
-        self, spark: Any, df: Any, batch_id: int, job: _TableJob, commits: _Commits
-    ) -> Any:
-        """Write one table's Delta tables (history, mirror, changelog), at the same time,
-        each in a Spark session of its own; the newest commit time its mirror got (None
-        without one). The history and a keyless table's row ids read the mirror as it was
-        before the batch: its version is pinned before any of them writes."""
+    def _direct(self, table: LakeTable, info: TableOverview, kind: TableKind) -> bool:
+        """Whether ``kind`` of a table is written without a MERGE: a changelog, or a mirror
+        the key index serves (a table with a key, a batch without TRUNCATE)."""
+        if not self.indexed:
+            return False
+        if kind == "changelog":
+            return True
+        return kind == "mirror" and not table.multiset and not info.truncates
+
+    def _write_direct(
+        self,
+        spark: Any,
+        items: Sequence[tuple[TableBatch, TableKind, str]],
+        commits: _Commits,
+    ) -> dict[str, Any]:
+        """Write ``items`` (a table's batch, the kind, the Delta table's path) by the indexed
+        write: the rows of all of them by one Spark job, then one commit each (at the same
+        time, up to ``PARALLEL_TABLES``); the newest commit time each mirror got."""
+        from pgcdc.lake.indexed import direct_write
+
+        return direct_write(
+            spark,
+            items,
+            layout=LakeLayout(LakePath.parse(self.lake).location),
+            fence=self.fence,
+            on_commit=commits.count,
+            parallel=COMMIT_THREADS,
+        )
+
+    def _table_batch(self, spark: Any, df: Any, batch_id: int, job: _TableJob) -> TableBatch:
+        """One table's part of the batch as its sinks read it (Spark plans; nothing runs
+        but the mirror's pinned version). The history and a keyless table's row ids read the
+        mirror as it was before the batch: its version is pinned before any of them writes."""
         table, column, info, paths, wanted = job
         metadata = overview_meta(batch_id, info)
         _, names = image_columns(df, column)
@@ -335,9 +399,18 @@ class LakeBatchWriter:
         inserts_only = inserted_only(info)
         stored = None
         resolved = None
-        if "mirror" in wanted or "history" in wanted:
-            before = self._mirror_before(paths["mirror"], batch_id, wanted)
-            if before is not None:
+        # the events, resolved, are read by the history, the MERGE and a mirror with unchanged
+        # TOAST values; the shared plan of the indexed write reads the batch itself
+        mirror_alone = "mirror" in wanted and (
+            not self._direct(table, info, "mirror") or bool(info.unchanged_columns)
+        )
+        if mirror_alone or "history" in wanted:
+            before = self._mirror_before(spark, paths["mirror"], batch_id, wanted)
+            # read only where the mirror's stored rows are needed (a table without a key's
+            # copies, unchanged TOAST values, the history's MERGE): each reader of a pinned
+            # version costs the driver that version's snapshot
+            needed = table.multiset or info.unchanged_columns or "history" in wanted
+            if before is not None and needed:
                 stored = (
                     spark.read.format("delta").option("versionAsOf", before).load(paths["mirror"])
                 )
@@ -354,8 +427,7 @@ class LakeBatchWriter:
             )
             if "mirror" in wanted and "history" in wanted:
                 resolved = resolved.persist(cache_level())
-
-        batch = TableBatch(
+        return TableBatch(
             table=table,
             batch_id=batch_id,
             app_id=self.app_id,
@@ -371,6 +443,21 @@ class LakeBatchWriter:
             defaults=defaults,
         )
 
+    def _merge_kinds(
+        self,
+        spark: Any,
+        batch_id: int,
+        *,
+        job: _TableJob,
+        batch: TableBatch,
+        kinds: Sequence[TableKind],
+        commits: _Commits,
+    ) -> Any:
+        """Write ``kinds`` of one table by its sinks (Delta's MERGE or append), at the same
+        time, each in a Spark session of its own; the newest commit time its mirror got
+        (None without one)."""
+        table = job.table
+
         def write(session: Any, kind: TableKind) -> Any:
             return again_on_conflict(
                 lambda: write_once(session, kind), f"batch {batch_id} {table.table_id} {kind}"
@@ -380,31 +467,33 @@ class LakeBatchWriter:
             if self.fence is not None:
                 self.fence()
             clock = time.monotonic()
-            newest = SINKS[kind].write(session, wanted[kind], batch)
+            newest = SINKS[kind].write(session, job.wanted[kind], batch)
             log.debug(
                 "batch %s %s %s: %.2f s", batch_id, table.table_id, kind, time.monotonic() - clock
             )
             commits.count()
             return newest
 
-        try:
-            kinds = [k for k in _ORDER if k in wanted]
-            results = dict(zip(kinds, _in_sessions(spark, write, kinds, len(kinds)), strict=True))
-        finally:
-            if resolved is not None and resolved.is_cached:
-                resolved.unpersist()
+        results = dict(zip(kinds, in_sessions(spark, write, kinds, len(kinds)), strict=True))
         return results.get("mirror")
 
+    def _applied(self, spark: Any, path: str, batch_id: int) -> bool:
+        """Whether the Delta table at ``path`` holds this batch already (its commit recorded
+        the batch's application transaction, or a later one)."""
+        done = TableLog(spark, path).transaction_version(self.app_id)
+        return done is not None and done >= batch_id
+
     def _mirror_before(
-        self, path: str, batch_id: int, wanted: Mapping[TableKind, str]
+        self, spark: Any, path: str, batch_id: int, wanted: Mapping[TableKind, str]
     ) -> int | None:
         """The mirror's version before this batch's write (None: there was no mirror): its
         current one, unless a replay finds the batch's commit in it already."""
-        target = DeltaTarget(path)
+        table = TableLog(spark, path)
+        latest = table.version()
         if "mirror" in wanted:
-            return target.version()
-        before = target.version_before(self.app_id, batch_id)
-        if before is None and target.exists():
+            return None if latest < 0 else latest
+        before = table.version_before(self.app_id, batch_id)
+        if before is None and latest >= 0:
             raise RuntimeError(
                 f"the mirror at {path} holds batch {batch_id} but its log no longer has the "
                 "commit: cannot tell what it held before; drop and copy the table again"
@@ -429,7 +518,7 @@ def again_on_conflict(write: Callable[[], _R], what: str) -> _R:
     return write()
 
 
-def _in_sessions(
+def in_sessions(
     spark: Any, work: Callable[[Any, _T], _R], items: Sequence[_T], workers: int
 ) -> list[_R]:
     """``work(session, item)`` for each item, up to ``workers`` at the same time, each in a

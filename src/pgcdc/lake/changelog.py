@@ -36,7 +36,7 @@ from pgcdc.lake.tables import (
     LakeTable,
 )
 
-__all__ = ["append_changelog", "changelog_rows"]
+__all__ = ["append_changelog", "changelog_columns", "changelog_rows"]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -52,8 +52,9 @@ def _new_images() -> Any:
 IMAGES = Images(rows=_new_images, old=(OLD, OLD_KIND))
 
 
-def changelog_rows(df: Any, table: LakeTable, column: str, columns: Sequence[str]) -> Any:
-    """The table's rows of the batch as changelog rows (a Spark DataFrame)."""
+def changelog_columns(df: Any, column: str, columns: Sequence[str]) -> list[Any]:
+    """A changelog row's columns (Spark Columns) from a source row of the table whose struct
+    column is ``column``."""
     from pyspark.sql import functions as F
 
     s = F.col(quote_column(column))
@@ -61,7 +62,7 @@ def changelog_rows(df: Any, table: LakeTable, column: str, columns: Sequence[str
     new = lake_image(s.getField("new"), image_type)
     old = lake_image(s.getField("old"), image_type)
     old_kind = s.getField("old_kind")
-    return df.where(F.col("_table_id") == table.table_id).select(
+    return [
         *[new.getField(c).alias(c) for c in columns],
         F.col("_op").alias(OP),
         F.col("_commit_lsn").alias(CL_COMMIT_LSN),
@@ -73,6 +74,15 @@ def changelog_rows(df: Any, table: LakeTable, column: str, columns: Sequence[str
         old_kind.alias(OLD_KIND),
         F.when(old_kind.isNotNull(), old).alias(OLD),
         F.coalesce(s.getField("unchanged"), F.array().cast("array<string>")).alias(UNCHANGED),
+    ]
+
+
+def changelog_rows(df: Any, table: LakeTable, column: str, columns: Sequence[str]) -> Any:
+    """The table's rows of the batch as changelog rows (a Spark DataFrame)."""
+    from pyspark.sql import functions as F
+
+    return df.where(F.col("_table_id") == table.table_id).select(
+        *changelog_columns(df, column, columns)
     )
 
 

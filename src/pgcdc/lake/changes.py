@@ -43,6 +43,7 @@ __all__ = [
     "TableOverview",
     "Truncate",
     "batch_overview",
+    "event_array",
     "expressions",
     "image_columns",
     "lake_image",
@@ -292,8 +293,11 @@ def table_events(df: Any, table: LakeTable, column: str, columns: Sequence[str])
     return df.where(where).select(*exploded).select(*events)
 
 
-def _event_expressions(df: Any, table: LakeTable, column: str) -> tuple[Any, list[Any], list[Any]]:
-    """``table_events``' filter and its two projections (rows exploded, then events)."""
+def event_array(df: Any, table: LakeTable, column: str) -> Any:
+    """Per source row of ``table`` (not a TRUNCATE), its events as an array of
+    ``struct(op, key, sub, new)`` (a Spark Column): one event, or two for an update that
+    changed the key (a delete of the old key, sub 0, and an upsert of the new one, sub 1).
+    ``new`` is the lake's image (``lake_image``), NULL for a delete."""
     from pyspark.sql import functions as F
 
     s = F.col(quote_column(column))
@@ -338,13 +342,23 @@ def _event_expressions(df: Any, table: LakeTable, column: str) -> tuple[Any, lis
             F.when(op != "D", new).alias("new"),
         )
     )
+    return F.when(key_changed, split).otherwise(single)
+
+
+def _event_expressions(df: Any, table: LakeTable, column: str) -> tuple[Any, list[Any], list[Any]]:
+    """``table_events``' filter and its two projections (rows exploded, then events)."""
+    from pyspark.sql import functions as F
+
+    s = F.col(quote_column(column))
+    unchanged = F.coalesce(s.getField("unchanged"), F.array().cast("array<string>"))
+    op = F.col("_op")
     where = (F.col("_table_id") == table.table_id) & (op != "T")
     exploded = [
         F.col("_commit_lsn").alias(EV_LSN),
         F.col("_position").alias(EV_POS),
         F.col("_commit_time").alias(EV_TIME),
         unchanged.alias(EV_UNCHANGED),
-        F.explode(F.when(key_changed, split).otherwise(single)).alias("__ev"),
+        F.explode(event_array(df, table, column)).alias("__ev"),
     ]
     ev = F.col("__ev")
     events = [

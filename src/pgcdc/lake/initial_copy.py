@@ -190,6 +190,7 @@ class InitialCopy:
                 ) from exc
         state = state.evolve(snapshot_done=True, snapshot_rows=dict(snapshot.rows))
         save_state(self.layout, state)
+        self._build_indexes(spark, plan)
         result.snapshot_rows = dict(snapshot.rows)
         result.snapshot_seconds = time.monotonic() - started
         log.info(
@@ -206,6 +207,27 @@ class InitialCopy:
         )
         self.observer.snapshot_finished(sum(snapshot.rows.values()), result.snapshot_seconds)
         return state
+
+    def _build_indexes(self, spark: Any, plan: SourcePlan) -> None:
+        """The key indexes of the copied mirrors (``pgcdc.lake.indexed``), built now, by one
+        Spark job for all, so that the first batch does not build them. A failure is logged:
+        the first batch that needs an index builds it."""
+        from pgcdc.lake.deltalog import TableLog
+        from pgcdc.lake.indexed import IndexWanted, index_folder, mirror_indexes
+
+        wanted = []
+        for table in plan.tables:
+            if table.multiset:
+                continue
+            log_ = TableLog(spark, str(table.path(self.layout, "mirror")))
+            folder = index_folder(self.layout, table, "mirror")
+            wanted.append(IndexWanted(log_, log_.snapshot(), tuple(table.row_keys), folder))
+        if not wanted:
+            return
+        try:
+            mirror_indexes(spark, wanted)
+        except Exception as exc:  # the first batch builds what is missing
+            log.warning("the key indexes were not built after the copy (%s): %s", type(exc), exc)
 
 
 def _shapes_at(dsn: str, snapshot: str, plan: SourcePlan) -> dict[str, dict[str, Any]]:

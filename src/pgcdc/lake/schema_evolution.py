@@ -138,18 +138,21 @@ def evolve(
     stats_columns: Sequence[str] = (),
     defaults: Defaults | None = None,
     images: Images = Images(),
+    current: Any | None = None,
 ) -> bool:
     """Create the table with ``wanted`` (a Spark ``StructType``) or bring its schema to it;
     whether anything changed. ``what`` names the table in logs and errors
     (``shop.orders history``); ``stats_columns``: see ``delta.create_table``. ``defaults``
     gives the value existing rows have in an added column; ``images`` says which stored values
-    are row images that take it (default: every row)."""
+    are row images that take it (default: every row). ``current``: the table's schema, when
+    the caller has it from the table's latest snapshot (a table exists then)."""
     from pyspark.sql import types as T
 
     wanted = T.StructType([T.StructField(f.name, plain_type(f.dataType), True) for f in wanted])
-    if not is_delta_table(spark, path):
-        return create_table(spark, path, wanted, stats_columns=stats_columns, what=what)
-    current = table_schema(spark, path)
+    if current is None:
+        if not is_delta_table(spark, path):
+            return create_table(spark, path, wanted, stats_columns=stats_columns, what=what)
+        current = table_schema(spark, path)
     change = plan_change(current, wanted, drop_missing=drop_missing)
     if not change:
         return False
