@@ -1,0 +1,302 @@
+"""The indexed write against Delta's MERGE: the same random change streams through both, the
+mirrors compared row for row after every batch, read by Spark's Delta reader and by delta-rs.
+
+Streams (seeded) hold inserts, updates with unchanged TOAST values, key changes, deletes and
+re-inserts of one key in one transaction, and TRUNCATEs (which the MERGE serves, after which
+the index is rebuilt). Between batches the indexed lake is compacted and purged (Delta's
+``OPTIMIZE`` and ``REORG ... APPLY (PURGE)`` move rows: the index is rebuilt from the table) and
+the process's indexes are dropped (the next batch loads them from the lake's base and
+segments). Key types: int, bigint, text, uuid, numeric and a composite key.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgcdc.lake.batch import LakeBatchWriter
+from pgcdc.lake.delta import USER_METADATA, user_metadata
+from pgcdc.lake.indexed import forget_indexes, index_folder
+from pgcdc.lake.maintenance import COMPACT_METADATA
+from pgcdc.lake.tables import LakeLayout, LakeTable
+from pgcdc.lake.target import DeltaTarget
+from pgcdc.spark import table_column
+
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class KeyType:
+    name: str
+    spark: str  # the key column's Spark type (DDL)
+    keys: tuple[str, ...]
+
+    def value(self, n: int) -> tuple[Any, ...]:
+        if self.name == "int":
+            return (n,)
+        if self.name == "bigint":
+            return (n * 1_000_000_007,)
+        if self.name == "text":
+            return (f"key-{n:05d}-é",)
+        if self.name == "uuid":
+            return (str(uuid.UUID(int=n * 7919 + 1)),)
+        if self.name == "numeric":
+            return (Decimal(n) / Decimal(100),)
+        return (n % 7, f"p{n}")  # composite
+
+
+KEY_TYPES = [
+    KeyType("int", "int", ("id",)),
+    KeyType("bigint", "bigint", ("id",)),
+    KeyType("text", "string", ("id",)),
+    KeyType("uuid", "string", ("id",)),
+    KeyType("numeric", "decimal(12,2)", ("id",)),
+    KeyType("composite", "int", ("id", "k2")),
+]
+
+
+def table_struct(key: KeyType) -> Any:
+    from pyspark.sql import types as T
+
+    fields = [T.StructField("id", T._parse_datatype_string(key.spark))]
+    if len(key.keys) == 2:
+        fields.append(T.StructField("k2", T.StringType()))
+    fields += [T.StructField("v", T.LongType()), T.StructField("big", T.StringType())]
+    image = T.StructType(fields)
+    return T.StructType(
+        [
+            T.StructField("new", image),
+            T.StructField("old", image),
+            T.StructField("old_kind", T.StringType()),
+            T.StructField("unchanged", T.ArrayType(T.StringType())),
+        ]
+    )
+
+
+def lake_table(key: KeyType) -> LakeTable:
+    return LakeTable("public", f"t_{key.name}", key.keys, "d")
+
+
+def source_schema(keys: list[KeyType]) -> Any:
+    """The source's DataFrame schema with one table per key type (``public.t_<name>``)."""
+    from pyspark.sql import types as T
+
+    return T.StructType(
+        [
+            T.StructField("_table_id", T.StringType(), False),
+            T.StructField("_schema", T.StringType(), False),
+            T.StructField("_table", T.StringType(), False),
+            T.StructField("_op", T.StringType(), False),
+            T.StructField("_commit_lsn", T.LongType(), False),
+            T.StructField("_commit_lsn_text", T.StringType(), False),
+            T.StructField("_end_lsn", T.LongType(), False),
+            T.StructField("_position", T.IntegerType(), False),
+            T.StructField("_xid", T.LongType()),
+            T.StructField("_commit_time", T.TimestampType()),
+            *[T.StructField(table_column("public", f"t_{k.name}"), table_struct(k)) for k in keys],
+        ]
+    )
+
+
+class Stream:
+    """A seeded random change stream over one table, with a model of its rows."""
+
+    def __init__(self, key: KeyType, seed: int, slot: int = 0, width: int = 1) -> None:
+        self.key = key
+        self.slot = slot  # which of the batch's ``width`` table columns is this table's
+        self.width = width
+        self.random = random.Random(seed)
+        self.rows: dict[int, tuple[int, str]] = {}  # key number -> (v, big)
+        self.next_key = 1
+        self.lsn = 100
+
+    def _image(self, n: int, v: int | None, big: str | None) -> tuple[Any, ...]:
+        return (*self.key.value(n), v, big)
+
+    def _row(
+        self, op: str, pos: int, new: tuple[Any, ...] | None, old: tuple[Any, ...] | None = None
+    ) -> tuple[Any, ...]:
+        unchanged = ["big"] if new is not None and new[-1] is None and op == "U" else []
+        struct = None if op == "T" else (new, old, None if old is None else "K", unchanged)
+        tables: list[Any] = [None] * self.width
+        tables[self.slot] = struct
+        lsn = self.lsn
+        name = f"t_{self.key.name}"
+        return (
+            f"public.{name}",
+            "public",
+            name,
+            op,
+            lsn,
+            f"0/{lsn:X}",
+            lsn + 8,
+            pos,
+            lsn // 10,
+            T0 + timedelta(seconds=lsn),
+            *tables,
+        )
+
+    def batch(self, transactions: int, truncate: bool = False) -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = []
+        r = self.random
+        for t in range(transactions):
+            self.lsn += 10
+            pos = 0
+            if truncate and t == transactions // 2:
+                out.append(self._row("T", pos, None))
+                self.rows.clear()
+                continue
+            for _ in range(r.randint(1, 6)):
+                choice = r.random()
+                live = sorted(self.rows)
+                if choice < 0.3 or not live:  # insert
+                    n = self.next_key
+                    self.next_key += 1
+                    big = f"BIG{n}-" + "x" * r.randint(0, 40)
+                    v = r.randint(0, 10**9)
+                    out.append(self._row("I", pos, self._image(n, v, big)))
+                    self.rows[n] = (v, big)
+                elif choice < 0.6:  # update, big unchanged half the time
+                    n = r.choice(live)
+                    v = r.randint(0, 10**9)
+                    keep = r.random() < 0.5
+                    big = self.rows[n][1] if keep else f"NEW{n}-{self.lsn}"
+                    image = self._image(n, v, None if keep else big)
+                    out.append(self._row("U", pos, image))
+                    self.rows[n] = (v, big)
+                elif choice < 0.75:  # key change, big unchanged
+                    n = r.choice(live)
+                    m = self.next_key
+                    self.next_key += 1
+                    v = r.randint(0, 10**9)
+                    big = self.rows.pop(n)[1]
+                    old = self._image(n, None, None)
+                    out.append(self._row("U", pos, self._image(m, v, None), old))
+                    self.rows[m] = (v, big)
+                elif choice < 0.9:  # delete
+                    n = r.choice(live)
+                    del self.rows[n]
+                    out.append(self._row("D", pos, None, self._image(n, None, None)))
+                else:  # delete and insert the key again in one transaction
+                    n = r.choice(live)
+                    out.append(self._row("D", pos, None, self._image(n, None, None)))
+                    pos += 1
+                    v = r.randint(0, 10**9)
+                    big = f"AGAIN{n}-{self.lsn}"
+                    out.append(self._row("I", pos, self._image(n, v, big)))
+                    self.rows[n] = (v, big)
+                pos += 1
+        return out
+
+    def expected(self) -> set[tuple[Any, ...]]:
+        return {(*self.key.value(n), v, big) for n, (v, big) in self.rows.items()}
+
+
+def lake_rows(lake: Path, table: LakeTable, spark: Any | None = None) -> set[tuple[Any, ...]]:
+    """The mirror's rows as delta-rs reads them (with ``spark``, checked equal to Spark's Delta
+    reader's)."""
+    names = [*table.keys, "v", "big"]
+    path = table.path(LakeLayout(lake), "mirror")
+    by_delta_rs = DeltaTarget(path).read(names).to_pylist()
+    rows = {tuple(r[n] for n in names) for r in by_delta_rs}
+    assert len(rows) == len(by_delta_rs), "a key twice in the mirror"
+    if spark is not None:
+        by_spark = spark.read.format("delta").load(str(path)).select(*names).collect()
+        assert {tuple(r) for r in by_spark} == rows
+    return rows
+
+
+def make_writer(lake: Path, tables: list[LakeTable], *, indexed: bool) -> LakeBatchWriter:
+    return LakeBatchWriter(
+        lake=str(lake),
+        tables=tuple(tables),
+        table_columns=tuple((t.table_id, table_column(t.schema, t.name)) for t in tables),
+        app_id="test-app",
+        indexed=indexed,
+    )
+
+
+def maintain(spark: Any, lake: Path, table: LakeTable, step: str) -> None:
+    """A compaction as pgcdc's maintenance makes it (its metadata tells the index to follow
+    it), or a purge made by another tool (the index is rebuilt)."""
+    path = str(table.path(LakeLayout(lake), "mirror"))
+    if step == "compact":
+        spark.conf.set(USER_METADATA, user_metadata(COMPACT_METADATA))
+        try:
+            spark.sql(f"OPTIMIZE delta.`{path}`").collect()
+        finally:
+            spark.conf.unset(USER_METADATA)
+    elif step == "purge":
+        spark.sql(f"REORG TABLE delta.`{path}` APPLY (PURGE)").collect()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_indexed_mirrors_equal_merged_mirrors(spark: Any, tmp_path: Path) -> None:
+    """Every key type, one table each, in the same batches: the shared plan's many tables."""
+    tables = [lake_table(k) for k in KEY_TYPES]
+    streams = [Stream(k, seed=i + 1, slot=i, width=len(KEY_TYPES)) for i, k in enumerate(KEY_TYPES)]
+    indexed, merged = tmp_path / "indexed", tmp_path / "merged"
+    schema = source_schema(KEY_TYPES)
+    plan: list[tuple[int, set[int], str | None]] = [
+        (10, set(), "compact"),
+        (8, set(), "forget"),
+        (6, {0, 3}, None),  # TRUNCATEs: the MERGE for those tables, then the index rebuilt
+        (8, set(), "purge"),
+        (6, set(), "forget"),
+        (8, set(), None),
+    ]
+    for batch_id, (transactions, truncating, between) in enumerate(plan):
+        rows = [
+            row
+            for i, stream in enumerate(streams)
+            for row in stream.batch(transactions, i in truncating)
+        ]
+        df = spark.createDataFrame(rows, schema)
+        make_writer(indexed, tables, indexed=True)(df, batch_id)
+        make_writer(merged, tables, indexed=False)(df, batch_id)
+        last = batch_id == len(plan) - 1
+        for table, stream in zip(tables, streams, strict=True):
+            expected = stream.expected()
+            what = f"batch {batch_id} {table.table_id}"
+            assert lake_rows(indexed, table, spark if last else None) == expected, what
+            assert lake_rows(merged, table, spark if last else None) == expected, what
+        if between == "forget":
+            forget_indexes()
+        elif between is not None:
+            for table in tables[::2]:
+                maintain(spark, indexed, table, between)
+    for table in tables:  # each indexed mirror kept its index in the lake
+        folder = index_folder(LakeLayout(indexed), table, "mirror")
+        assert any(n.startswith("base-") for n in folder.names()), table.table_id
+
+
+def test_a_replayed_batch_is_skipped_and_a_new_process_reads_the_index(
+    spark: Any, tmp_path: Path
+) -> None:
+    key = KEY_TYPES[0]
+    table = lake_table(key)
+    stream = Stream(key, seed=7)
+    schema = source_schema([key])
+    lake = tmp_path / "lake"
+    first = spark.createDataFrame(stream.batch(10), schema)
+    make_writer(lake, [table], indexed=True)(first, 0)
+    second = spark.createDataFrame(stream.batch(10), schema)
+    make_writer(lake, [table], indexed=True)(second, 1)
+    target = DeltaTarget(table.path(LakeLayout(lake), "mirror"))
+    version = target.version()
+    make_writer(lake, [table], indexed=True)(second, 1)  # replayed: already in the table
+    assert target.version() == version
+    forget_indexes()  # as a new process: the index comes from the lake's base and segments
+    third = spark.createDataFrame(stream.batch(10), schema)
+    make_writer(lake, [table], indexed=True)(third, 2)
+    assert lake_rows(lake, table, spark) == stream.expected()
+    commits = target.commits(3)
+    assert all(meta is not None and "index" in meta for _, _, meta in commits[:2])
