@@ -80,8 +80,8 @@ def table_struct(key: KeyType) -> Any:
     )
 
 
-def lake_table(key: KeyType) -> LakeTable:
-    return LakeTable("public", f"t_{key.name}", key.keys, "d")
+def lake_table(key: KeyType, *, history: bool = False) -> LakeTable:
+    return LakeTable("public", f"t_{key.name}", key.keys, "d", history=history)
 
 
 def source_schema(keys: list[KeyType]) -> Any:
@@ -213,6 +213,16 @@ def lake_rows(lake: Path, table: LakeTable, spark: Any | None = None) -> set[tup
     return rows
 
 
+def history_rows(lake: Path, table: LakeTable) -> list[tuple[Any, ...]]:
+    """The history's rows (delta-rs), sorted; one current version per key at most."""
+    target = DeltaTarget(table.path(LakeLayout(lake), "history"))
+    rows = target.read().to_pylist()
+    current = [tuple(r[k] for k in table.keys) for r in rows if r["__is_current"]]
+    assert len(current) == len(set(current)), "two current versions of a key"
+    names = sorted(rows[0]) if rows else []
+    return sorted(tuple(str(r[n]) for n in names) for r in rows)
+
+
 def make_writer(lake: Path, tables: list[LakeTable], *, indexed: bool) -> LakeBatchWriter:
     return LakeBatchWriter(
         lake=str(lake),
@@ -240,8 +250,9 @@ def maintain(spark: Any, lake: Path, table: LakeTable, step: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_indexed_mirrors_equal_merged_mirrors(spark: Any, tmp_path: Path) -> None:
-    """Every key type, one table each, in the same batches: the shared plan's many tables."""
-    tables = [lake_table(k) for k in KEY_TYPES]
+    """Every key type, one table each, in the same batches: the shared plan's many tables;
+    every other table with a history, compared too."""
+    tables = [lake_table(k, history=i % 2 == 1) for i, k in enumerate(KEY_TYPES)]
     streams = [Stream(k, seed=i + 1, slot=i, width=len(KEY_TYPES)) for i, k in enumerate(KEY_TYPES)]
     indexed, merged = tmp_path / "indexed", tmp_path / "merged"
     schema = source_schema(KEY_TYPES)
@@ -268,6 +279,8 @@ def test_indexed_mirrors_equal_merged_mirrors(spark: Any, tmp_path: Path) -> Non
             what = f"batch {batch_id} {table.table_id}"
             assert lake_rows(indexed, table, spark if last else None) == expected, what
             assert lake_rows(merged, table, spark if last else None) == expected, what
+            if table.history:
+                assert history_rows(indexed, table) == history_rows(merged, table), what
         if between == "forget":
             forget_indexes()
         elif between is not None:

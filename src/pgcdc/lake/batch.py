@@ -346,13 +346,13 @@ class LakeBatchWriter:
         return [newest.get(job.table.table_id) for job in jobs]
 
     def _direct(self, table: LakeTable, info: TableOverview, kind: TableKind) -> bool:
-        """Whether ``kind`` of a table is written without a MERGE: a changelog, or a mirror
-        the key index serves (a table with a key, a batch without TRUNCATE)."""
+        """Whether ``kind`` of a table is written without a MERGE: a changelog, or a mirror or
+        history the key index serves (a table with a key, a batch without TRUNCATE)."""
         if not self.indexed:
             return False
         if kind == "changelog":
             return True
-        return kind == "mirror" and not table.multiset and not info.truncates
+        return not table.multiset and not info.truncates
 
     def _write_direct(
         self,
@@ -409,7 +409,11 @@ class LakeBatchWriter:
             # read only where the mirror's stored rows are needed (a table without a key's
             # copies, unchanged TOAST values, the history's MERGE): each reader of a pinned
             # version costs the driver that version's snapshot
-            needed = table.multiset or info.unchanged_columns or "history" in wanted
+            needed = (
+                table.multiset
+                or info.unchanged_columns
+                or ("history" in wanted and not self._direct(table, info, "history"))
+            )
             if before is not None and needed:
                 stored = (
                     spark.read.format("delta").option("versionAsOf", before).load(paths["mirror"])

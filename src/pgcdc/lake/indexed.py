@@ -11,12 +11,16 @@ batch holds instead:
    statistics Delta's data skipping reads); all the batch's tables in **one** Spark job;
 2. per mirror, the key index (``pgcdc.lake.keyindex``) gives the file and row of each key's
    stored row: those rows are marked deleted in deletion vectors written by Delta's own store;
+   per history, the index holds its current versions: the ones the batch ends are copied,
+   ended, by a second job for all histories (read by file and row index, no scan), and the
+   stored rows marked deleted the same way;
 3. each table moves in one commit through Delta's commit API (``pgcdc.lake.deltalog``): the
    new files, the files whose deletion vectors changed (removed and added again with the new
    vector, as Delta's DML does), the application transaction and the index segment's token.
 
-What the index path does not serve stays with the MERGE (``pgcdc.lake.mirror``): a batch that
-truncates the table, a table without a key (copy by copy), and the history.
+What the index path does not serve stays with the MERGE (``pgcdc.lake.mirror``,
+``pgcdc.lake.history``): a batch that truncates the table, and a table without a key (its
+rows are copies, not keys).
 """
 
 from __future__ import annotations
@@ -61,7 +65,20 @@ from pgcdc.lake.snapshot import (
     to_physical,
 )
 from pgcdc.lake.storage import LakeLocation, LakePath
-from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME, LakeLayout, LakeTable, TableKind
+from pgcdc.lake.tables import (
+    COMMIT_LSN,
+    COMMIT_TIME,
+    END_AT,
+    END_LSN,
+    END_OP,
+    IS_CURRENT,
+    START_AT,
+    START_LSN,
+    START_OP,
+    LakeLayout,
+    LakeTable,
+    TableKind,
+)
 from pgcdc.lake.toast import fill_from_stored
 
 __all__ = [
@@ -88,8 +105,26 @@ WRITTEN = pa.schema(
         ("stats", pa.string()),
         ("hi", pa.binary()),
         ("lo", pa.binary()),
+        ("row", pa.binary()),
         ("deleted_hi", pa.binary()),
         ("deleted_lo", pa.binary()),
+        ("closes", pa.binary()),
+    ]
+)
+
+#: What a keyed output's row is (its ``OP``): written, its key's current row ('U'); written,
+#: not a key's current row (a history version ended within the batch, 'W'); no row any more
+#: ('D'); a request to end the key's stored current version ('C', a history's close)
+WRITE, WRITE_ONLY, DELETE, CLOSE = "U", "W", "D", "C"
+
+#: A history's close requests as a writer task reports them (Arrow IPC in ``closes``)
+CLOSES = pa.schema(
+    [
+        ("hi", pa.uint64()),
+        ("lo", pa.uint64()),
+        ("end_lsn", pa.int64()),
+        ("end_at", pa.timestamp("us", tz="UTC")),
+        ("end_op", pa.string()),
     ]
 )
 
@@ -144,13 +179,14 @@ class SharedWriter:
             for f in files.values():
                 f.abort()
             raise
-        reports = [r for r in reports if r["path"] is not None or r["deleted_hi"]]
+        reports = [r for r in reports if r["path"] is not None or r["deleted_hi"] or r["closes"]]
         if reports:
             yield pa.RecordBatch.from_pylist(reports, schema=WRITTEN)
 
 
 class _OutputFile:
-    """One output's Parquet file of a writer task, and the keys it wrote and deleted."""
+    """One output's Parquet file of a writer task, and the keys it wrote, deleted and asks
+    to close."""
 
     def __init__(self, number: int, output: Output, writer: SharedWriter) -> None:
         self.number = number
@@ -163,8 +199,10 @@ class _OutputFile:
         self.rows = 0
         self.his: list[np.ndarray] = []
         self.los: list[np.ndarray] = []
+        self.at: list[np.ndarray] = []  # row indexes in the file of the entries his/los
         self.deleted_his: list[np.ndarray] = []
         self.deleted_los: list[np.ndarray] = []
+        self.closes: list[pa.Table] = []
 
     def write(self, received: pa.RecordBatch) -> None:
         import pyarrow.compute as pc
@@ -172,16 +210,22 @@ class _OutputFile:
 
         kept = received
         if self.output.keyed:
-            deleted = pc.equal(received.column(OP), "D")
-            gone = received.filter(deleted)
+            op = received.column(OP)
+            gone = received.filter(pc.equal(op, DELETE))
             self.deleted_his.append(_u64(gone.column(HASH_HI)))
             self.deleted_los.append(_u64(gone.column(HASH_LO)))
-            kept = received.filter(pc.invert(deleted))
+            closing = received.filter(pc.equal(op, CLOSE))
+            if closing.num_rows:
+                self.closes.append(_close_requests(closing))
+            kept = received.filter(pc.is_in(op, pa.array([WRITE, WRITE_ONLY])))
+            if not kept.num_rows:
+                return
+            current = pc.equal(kept.column(OP), WRITE).to_numpy(zero_copy_only=False)
+            self.his.append(_u64(kept.column(HASH_HI))[current])
+            self.los.append(_u64(kept.column(HASH_LO))[current])
+            self.at.append(self.rows + np.flatnonzero(current).astype(np.int64))
         if not kept.num_rows:
             return
-        if self.output.keyed:
-            self.his.append(_u64(kept.column(HASH_HI)))
-            self.los.append(_u64(kept.column(HASH_LO)))
         target = self.output.target
         table = _in_schema(kept, target)
         if self.writer is None:
@@ -198,6 +242,9 @@ class _OutputFile:
         self.rows += table.num_rows
 
     def close(self) -> dict[str, Any]:
+        closes = b""
+        if self.closes:
+            closes = _ipc_bytes(pa.concat_tables(self.closes))
         report: dict[str, Any] = {
             "output": self.number,
             "path": None,
@@ -206,8 +253,10 @@ class _OutputFile:
             "stats": None,
             "hi": _bytes(self.his),
             "lo": _bytes(self.los),
+            "row": _bytes(self.at),
             "deleted_hi": _bytes(self.deleted_his),
             "deleted_lo": _bytes(self.deleted_los),
+            "closes": closes,
         }
         if self.writer is not None:
             self.writer.close()
@@ -226,6 +275,29 @@ class _OutputFile:
                 self.writer.close()
         with contextlib.suppress(OSError):
             self.fs.delete_file(self.path)
+
+
+def _close_requests(rows: pa.RecordBatch) -> pa.Table:
+    """A history's close rows as ``CLOSES``: the key's hash and how its version ends."""
+    return pa.table(
+        [
+            pa.array(_u64(rows.column(HASH_HI)), pa.uint64()),
+            pa.array(_u64(rows.column(HASH_LO)), pa.uint64()),
+            rows.column(END_LSN).cast(pa.int64()),
+            rows.column(END_AT).cast(pa.timestamp("us", tz="UTC")),
+            rows.column(END_OP).cast(pa.string()),
+        ],
+        schema=CLOSES,
+    )
+
+
+def _ipc_bytes(table: pa.Table) -> bytes:
+    import io
+
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
 
 
 def _in_schema(batch: pa.RecordBatch, target: SnapshotOutput) -> pa.Table:
@@ -248,6 +320,7 @@ def _u64(column: pa.Array) -> np.ndarray:
 
 
 def _bytes(parts: list[np.ndarray]) -> bytes:
+    """Arrays of 64-bit integers (hash halves, row indexes) as little-endian bytes."""
     if not parts:
         return b""
     return np.concatenate(parts).astype("<u8").tobytes()
@@ -255,12 +328,14 @@ def _bytes(parts: list[np.ndarray]) -> bytes:
 
 @dataclass(slots=True)
 class Written:
-    """What the writer tasks wrote for one Delta table: its files (in order) with each
-    written key's hash, and the deleted keys' hashes."""
+    """What the writer tasks wrote for one Delta table: its files, each with the index
+    entries of its rows (key hash halves and row index), the deleted keys' hashes, and a
+    history's close requests (``CLOSES``)."""
 
-    files: list[tuple[DataFile, np.ndarray, np.ndarray]]
+    files: list[tuple[DataFile, np.ndarray, np.ndarray, np.ndarray]]
     deleted_hi: np.ndarray
     deleted_lo: np.ndarray
+    closes: pa.Table
 
     @classmethod
     def collect(cls, rows: Sequence[Mapping[str, Any]]) -> Written:
@@ -269,6 +344,7 @@ class Written:
         files = []
         dhi: list[np.ndarray] = []
         dlo: list[np.ndarray] = []
+        closes: list[pa.Table] = []
         for r in rows:
             if r["path"] is not None:
                 stats = r["stats"]
@@ -286,15 +362,19 @@ class Written:
                         data_file,
                         np.frombuffer(r["hi"] or b"", dtype="<u8"),
                         np.frombuffer(r["lo"] or b"", dtype="<u8"),
+                        np.frombuffer(r["row"] or b"", dtype="<i8"),
                     )
                 )
             dhi.append(np.frombuffer(r["deleted_hi"] or b"", dtype="<u8"))
             dlo.append(np.frombuffer(r["deleted_lo"] or b"", dtype="<u8"))
+            if r["closes"]:
+                closes.append(pa.ipc.open_stream(pa.BufferReader(r["closes"])).read_all())
         empty = np.empty(0, dtype=np.uint64)
         return cls(
             files,
             np.concatenate(dhi) if dhi else empty,
             np.concatenate(dlo) if dlo else empty,
+            pa.concat_tables(closes) if closes else CLOSES.empty_table(),
         )
 
 
@@ -310,7 +390,7 @@ def commit_appended(
 ) -> int:
     """Commit an append (the changelog): the written files, tagged; the version committed."""
     now = _now_ms()
-    actions = [_stamped(f, now).add_action() for f, _, _ in written.files]
+    actions = [_stamped(f, now).add_action() for f, *_ in written.files]
     return table.commit(
         actions,
         snapshot=snapshot,
@@ -332,34 +412,50 @@ def commit_indexed(
     app_id: str,
     version: int,
     metadata: Mapping[str, Any],
+    replaced: tuple[np.ndarray, np.ndarray] | None = None,
+    extra: Sequence[DataFile] = (),
 ) -> int:
-    """Commit a mirror's batch through its key index: the keys' stored rows marked deleted, the
-    written files added, the index segment saved first; the version committed. The index is
-    moved to that version only when the commit came right after the index's own version (else
-    the caller rebuilds it)."""
+    """Commit a batch of a mirror or a history through its key index; the version committed.
+
+    The stored rows of ``replaced`` keys (default: every key the batch wrote or deleted, as for
+    a mirror; a history's: the keys whose version the batch closes) are marked deleted; the
+    written files and ``extra`` ones (a history's closed versions, no key's current row) are
+    added; the index gets the deleted keys' tombstones, then the written rows' entries, in a
+    segment saved before the commit. The index moves to the committed version only when the
+    commit came right after the index's own version (else the next use rebuilds it)."""
     now = _now_ms()
-    new_files = [_stamped(f, now) for f, _, _ in written.files]
-    his = [h for _, h, _ in written.files]
-    los = [lo for _, _, lo in written.files]
-    all_hi = np.concatenate([*his, written.deleted_hi]) if his else written.deleted_hi
-    all_lo = np.concatenate([*los, written.deleted_lo]) if los else written.deleted_lo
-    file_ids, rows = index.lookup(all_hi, all_lo)
+    new_files = [_stamped(f, now) for f, *_ in written.files]
+    extra_files = [_stamped(f, now) for f in extra]
+    his = [h for _, h, _, _ in written.files]
+    los = [lo for _, _, lo, _ in written.files]
+    if replaced is None:
+        replaced = (
+            np.concatenate([written.deleted_hi, *his]),
+            np.concatenate([written.deleted_lo, *los]),
+        )
+        gone = (written.deleted_hi, written.deleted_lo)
+    else:
+        gone = replaced
+    file_ids, rows = index.lookup(*replaced)
     stored = file_ids >= 0
-    marks: dict[int, list[np.ndarray]] = {}
-    for file_id in np.unique(file_ids[stored]):
-        marks[int(file_id)] = [rows[stored & (file_ids == file_id)]]
-    pairs = [(index.file(fid), np.concatenate(parts)) for fid, parts in marks.items()]
+    pairs = [
+        (index.file(int(fid)), rows[stored & (file_ids == fid)])
+        for fid in np.unique(file_ids[stored])
+    ]
     updated = table.mark_deleted(pairs)
     # the new files' ids follow the index's current ones, in order (``KeyIndex.add_files``)
     next_id = index.next_file_id()
-    entry_file = [np.full(h.size, next_id + i, dtype=np.int32) for i, h in enumerate(his)]
-    entry_row = [np.arange(h.size, dtype=np.int64) for h in his]
+    entry_file = [
+        np.full(h.size, next_id + i, dtype=np.int32) for i, (_, h, _, _) in enumerate(written.files)
+    ]
     changes = IndexChanges(
-        hi=all_hi,
-        lo=all_lo,
-        file=np.concatenate([*entry_file, np.full(written.deleted_hi.size, -1, np.int32)]),
-        row=np.concatenate([*entry_row, np.zeros(written.deleted_hi.size, np.int64)]),
-        added=tuple(new_files),
+        hi=np.concatenate([gone[0], *his]),
+        lo=np.concatenate([gone[1], *los]),
+        file=np.concatenate([np.full(gone[0].size, -1, np.int32), *entry_file]),
+        row=np.concatenate(
+            [np.zeros(gone[0].size, np.int64), *[r for _, _, _, r in written.files]]
+        ),
+        added=(*new_files, *extra_files),
         updated=tuple(updated.values()),
         removed=(),
     )
@@ -369,7 +465,7 @@ def commit_indexed(
         previous = index.file(index.file_id(path))  # type: ignore[arg-type]
         actions.append(previous.remove_action(now))
         actions.append(data_file.add_action())
-    actions += [f.add_action() for f in new_files]
+    actions += [f.add_action() for f in (*new_files, *extra_files)]
     committed = table.commit(
         actions,
         snapshot=snapshot,
@@ -425,7 +521,7 @@ CONFLICT_ATTEMPTS = 5
 
 _WRITTEN_SPARK = (
     "output int, path string, size long, rows long, stats string, hi binary, lo binary, "
-    "deleted_hi binary, deleted_lo binary"
+    "row binary, deleted_hi binary, deleted_lo binary, closes binary"
 )
 
 
@@ -452,6 +548,8 @@ class _IndexRead:
     #: read the files as Parquet (files a compaction wrote: no deletion vectors), not as the
     #: Delta table at the snapshot
     parquet: bool
+    #: a history's: only its current versions are entered
+    current_only: bool = False
 
 
 def _entries_plan(spark: Any, read: _IndexRead) -> Any:
@@ -475,10 +573,14 @@ def _entries_plan(spark: Any, read: _IndexRead) -> Any:
         base = read.table.path.rstrip("/")
         rows = spark.read.parquet(*[f"{base}/{unquote(f.path)}" for f in read.files])
         columns = [(F.col(quote_column(physical[k])), struct[k].dataType) for k in read.keys]
+        if read.current_only:
+            rows = rows.where(F.col(quote_column(physical[IS_CURRENT])))
     else:
         version = int(read.snapshot.version())
         rows = spark.read.format("delta").option("versionAsOf", version).load(read.table.path)
         columns = [(F.col(quote_column(k)), rows.schema[k].dataType) for k in read.keys]
+        if read.current_only:
+            rows = rows.where(F.col(quote_column(IS_CURRENT)))
     hi, lo = key_hashes(columns)
     mapping = F.create_map(*[x for n, i in by_name.items() for x in (F.lit(n), F.lit(i))])
     name = F.substring_index(F.col("_metadata.file_path"), "/", -1)
@@ -514,12 +616,14 @@ def _read_entries(spark: Any, reads: Sequence[_IndexRead]) -> dict[int, Entries]
 
 @dataclass(frozen=True, slots=True)
 class IndexWanted:
-    """A mirror whose key index a batch needs, at ``snapshot``."""
+    """A table whose key index a batch needs, at ``snapshot`` (a history's indexes its current
+    versions only)."""
 
     table: TableLog
     snapshot: Any
     keys: tuple[str, ...]
     folder: LakePath
+    history: bool = False
 
 
 def mirror_indexes(spark: Any, wanted: Sequence[IndexWanted]) -> list[KeyIndex]:
@@ -544,7 +648,9 @@ def mirror_indexes(spark: Any, wanted: Sequence[IndexWanted]) -> list[KeyIndex]:
                 added, removed = follow
                 ids = tuple(cached.add_files(added))
                 followed[i] = (cached, removed)
-                reads.append(_IndexRead(i, w.table, w.snapshot, w.keys, added, ids, True))
+                reads.append(
+                    _IndexRead(i, w.table, w.snapshot, w.keys, added, ids, True, w.history)
+                )
                 continue
         loaded = load(w.folder, w.table, version)
         if loaded is not None:
@@ -553,7 +659,9 @@ def mirror_indexes(spark: Any, wanted: Sequence[IndexWanted]) -> list[KeyIndex]:
         files = w.table.files(w.snapshot)
         built[i] = files
         every = tuple(range(len(files)))
-        reads.append(_IndexRead(i, w.table, w.snapshot, w.keys, tuple(files), every, False))
+        reads.append(
+            _IndexRead(i, w.table, w.snapshot, w.keys, tuple(files), every, False, w.history)
+        )
     entries = _read_entries(spark, reads)
     for i, (index, removed) in followed.items():
         w = wanted[i]
@@ -742,6 +850,24 @@ def _packed_value(df: Any, o: SharedOutput, h: Any) -> Any:
     )
 
 
+def _event_header(o: SharedOutput, types: Mapping[str, Any]) -> Callable[[Any], Any]:
+    """The function from a mirror's event to its header (``F.transform``'s lambda: Spark
+    counts its parameters, so it takes the event only)."""
+    from pyspark.sql import functions as F
+
+    def header(e: Any) -> Any:
+        hi, lo = key_hashes([(e.getField("key").getField(k), types[k]) for k in o.table.keys])
+        return F.struct(
+            F.lit(o.output).alias("out"),
+            e.getField("sub").alias("sub"),
+            e.getField("op").alias("op"),
+            hi.alias("hi"),
+            lo.alias("lo"),
+        )
+
+    return header
+
+
 def _shared_expressions(
     df: Any, outputs: Sequence[SharedOutput]
 ) -> tuple[Any, Any, list[Any], list[Any], list[int], list[int]]:
@@ -765,20 +891,13 @@ def _shared_expressions(
                 key_types = {f.name: f.dataType for f in lake_type(image_type).fields}
                 events = event_array(df, o.table, o.column)
 
-                def header(e: Any, o: SharedOutput = o, types: Any = key_types) -> Any:
-                    hi, lo = key_hashes(
-                        [(e.getField("key").getField(k), types[k]) for k in o.table.keys]
-                    )
-                    return F.struct(
-                        F.lit(o.output).alias("out"),
-                        e.getField("sub").alias("sub"),
-                        e.getField("op").alias("op"),
-                        hi.alias("hi"),
-                        lo.alias("lo"),
-                    )
-
                 # a TRUNCATE is no event of the mirror (such batches take the MERGE)
-                parts.append(F.filter(F.transform(events, header), lambda _: op != F.lit("T")))
+                parts.append(
+                    F.filter(
+                        F.transform(events, _event_header(o, key_types)),
+                        lambda _: op != F.lit("T"),
+                    )
+                )
             else:
                 parts.append(
                     F.array(
@@ -822,6 +941,134 @@ def _shared_expressions(
     return where, branches, columns, packed, mirrors, changelogs
 
 
+def history_indexed_rows(batch: TableBatch) -> Any:
+    """A history's rows of the batch for the indexed write: its new versions (``WRITE`` the
+    current one of a key, ``WRITE_ONLY`` the ones the batch also ended) and per key a request
+    to end its version current before the batch (``CLOSE``, with how it ends), with the key's
+    hash; unchanged TOAST values filled from the mirror as stored before the batch."""
+    from pyspark.sql import functions as F
+
+    from pgcdc.lake.history import ACTION, history_rows
+    from pgcdc.lake.toast import KEEP_PREFIX, ROOT_PREFIX
+
+    table = batch.table
+    keys = table.row_keys
+    rows = history_rows(batch.resolved, table, batch.columns, batch.overview)
+    if any(c.startswith(KEEP_PREFIX) for c in rows.columns):
+        rows = fill_from_stored(rows, batch.stored, keys, batch.columns, foreign_only=False)
+    rows = rows.drop(*[c for c in rows.columns if c.startswith((KEEP_PREFIX, ROOT_PREFIX))])
+    hi, lo = key_hashes([(F.col(quote_column(k)), rows.schema[k].dataType) for k in keys])
+    op = (
+        F.when(F.col(ACTION) == F.lit("close"), F.lit(CLOSE))
+        .when(F.col(IS_CURRENT), F.lit(WRITE))
+        .otherwise(F.lit(WRITE_ONLY))
+    )
+    names = [*batch.columns, START_LSN, START_AT, END_LSN, END_AT, IS_CURRENT, START_OP, END_OP]
+    return rows.select(*[F.col(quote_column(c)) for c in names], op.alias(OP), hi, lo)
+
+
+@dataclass(frozen=True, slots=True)
+class _Closing:
+    """A history's stored current versions the batch ends: where they are, and how they end."""
+
+    output: int
+    table: TableLog
+    target: SnapshotOutput
+    requests: pa.Table  # file (its name), row, end_lsn, end_at, end_op
+
+
+def _closed_copies(
+    spark: Any, closings: Sequence[_Closing], location: LakeLocation, tag: str
+) -> dict[int, list[DataFile]]:
+    """Each closing's versions written anew as ended (their stored values, the end set, no
+    longer current), by one Spark job for all histories: each history's files holding them
+    are read (as Parquet, under the physical names: the rows are copied as they are), joined
+    with the requests by file and row index, and written by the shared writer. The files
+    written, by output."""
+    from pyspark.sql import functions as F
+
+    if not closings:
+        return {}
+    packed = []
+    outputs = []
+    for number, closing in enumerate(closings):
+        target = closing.target
+        names = dict(zip(target.schema.names, target.physical.names, strict=True))
+        base = closing.table.path.rstrip("/")
+        files = sorted(set(closing.requests.column("file").to_pylist()))
+        stored = spark.read.parquet(*[f"{base}/{f}" for f in files]).select(
+            "*",
+            F.substring_index(F.col("_metadata.file_path"), "/", -1).alias("__pgcdc_file"),
+            F.col("_metadata.row_index").alias("__pgcdc_row"),
+        )
+        requests = spark.createDataFrame(closing.requests.to_pandas())
+        joined = stored.join(
+            F.broadcast(requests),
+            (F.col("__pgcdc_file") == F.col("file")) & (F.col("__pgcdc_row") == F.col("row")),
+        )
+        ended = {
+            names[END_LSN]: F.col("end_lsn"),
+            names[END_AT]: F.col("end_at"),
+            names[END_OP]: F.col("end_op"),
+            names[IS_CURRENT]: F.lit(False),
+        }
+        columns = [ended.get(p, F.col(quote_column(p))).alias(p) for p in target.physical.names]
+        packed.append(
+            joined.select(
+                F.lit(number).alias(OUTPUT_COLUMN),
+                F.struct(*columns).alias(packed_column(number)),
+            )
+        )
+        # written as read: under the physical names already
+        physical = SnapshotOutput(
+            target.table_id,
+            target.column,
+            target.kind,
+            target.directory,
+            target.physical,
+            target.physical,
+            target.stats,
+        )
+        outputs.append(Output(physical, keyed=False))
+    union = packed[0]
+    for more in packed[1:]:
+        union = union.unionByName(more, allowMissingColumns=True)
+    tasks = max(1, int(spark.sparkContext.defaultParallelism))
+    writer = SharedWriter(tuple(outputs), location, tag)
+    reports: dict[int, list[Mapping[str, Any]]] = {}
+    rows = _collect_without_adaptive(
+        spark, union.coalesce(tasks).mapInArrow(writer, _WRITTEN_SPARK)
+    ).to_pylist()
+    for row in rows:
+        reports.setdefault(int(row["output"]), []).append(row)
+    return {
+        closing.output: [f for f, *_ in Written.collect(reports.get(n, [])).files]
+        for n, closing in enumerate(closings)
+    }
+
+
+def _closing(
+    output: int, table: TableLog, target: SnapshotOutput, index: KeyIndex, closes: pa.Table
+) -> _Closing | None:
+    """The closing of a history's stored current versions the batch's close requests name
+    (None when none of them has one: a key new to the history)."""
+    file_ids, rows = index.lookup(closes.column("hi").to_numpy(), closes.column("lo").to_numpy())
+    stored = file_ids >= 0
+    if not stored.any():
+        return None
+    files = [unquote(index.file(int(f)).path) for f in file_ids[stored]]
+    requests = pa.table(
+        {
+            "file": pa.array([f.rsplit("/", 1)[-1] for f in files], pa.string()),
+            "row": pa.array(rows[stored], pa.int64()),
+            "end_lsn": closes.column("end_lsn").filter(pa.array(stored)),
+            "end_at": closes.column("end_at").filter(pa.array(stored)),
+            "end_op": closes.column("end_op").filter(pa.array(stored)),
+        }
+    )
+    return _Closing(output, table, target, requests)
+
+
 def direct_write(
     spark: Any,
     items: Sequence[tuple[TableBatch, TableKind, str]],
@@ -837,6 +1084,7 @@ def direct_write(
     from pyspark.sql import types as T
 
     from pgcdc.lake.changelog import IMAGES
+    from pgcdc.lake.history import history_schema
     from pgcdc.lake.mirror import mirror_schema
 
     clock = time.monotonic()
@@ -855,7 +1103,19 @@ def direct_write(
         # in the batch; a mirror with some has a plan of its own (they are resolved per key)
         own = kind == "mirror" and bool(batch.overview.unchanged_columns)
         rows = indexed_rows(batch) if own else None
-        if kind == "mirror":
+        if kind == "history":
+            rows = history_indexed_rows(batch)
+            changed = evolve(
+                spark,
+                path,
+                history_schema(rows, batch.columns),
+                drop_missing=False,
+                what=f"{table.table_id} history",
+                stats_columns=table.stats_columns("history"),
+                defaults=batch.defaults,
+                current=current,
+            )
+        elif kind == "mirror":
             changed = evolve(
                 spark,
                 path,
@@ -884,8 +1144,9 @@ def direct_write(
             snapshot = log_.snapshot()
         target = _target(log_, snapshot, batch, kind)
         folder = index_folder(layout, table, kind)
-        if kind == "mirror":
-            wanted.append((i, IndexWanted(log_, snapshot, tuple(table.row_keys), folder)))
+        if kind != "changelog":
+            keys = tuple(table.row_keys)
+            wanted.append((i, IndexWanted(log_, snapshot, keys, folder, kind == "history")))
         if rows is not None:
             packed.append(
                 rows.select(
@@ -897,8 +1158,8 @@ def direct_write(
             )
         else:
             shared.append(SharedOutput(i, table, kind, batch.column, tuple(batch.names)))
-        outputs.append(Output(target, keyed=kind == "mirror"))
-        plans.append((batch, kind, log_, snapshot, folder))
+        outputs.append(Output(target, keyed=kind != "changelog"))
+        plans.append((batch, kind, log_, snapshot, folder, target))
     if shared:
         packed.insert(0, shared_rows(items[0][0].changes, shared))
     planned = time.monotonic()
@@ -918,12 +1179,25 @@ def direct_write(
     reports: dict[int, list[Mapping[str, Any]]] = {}
     for row in _collect_without_adaptive(spark, written).to_pylist():
         reports.setdefault(int(row["output"]), []).append(row)
+    collected = {i: Written.collect(reports.get(i, [])) for i in range(len(plans))}
+    closings = []
+    for i, (_, kind, log_, _, _, target) in enumerate(plans):
+        closes = collected[i].closes
+        if kind == "history" and closes.num_rows:
+            closing = _closing(i, log_, target, indexes[i], closes)
+            if closing is not None:
+                closings.append(closing)
+    extra = _closed_copies(spark, closings, layout.location, f"b{items[0][0].batch_id}c")
     wrote = time.monotonic()
 
     def commit(session: Any, i: int) -> Any:
-        batch, kind, log_, snapshot, folder = plans[i]
-        written = Written.collect(reports.get(i, []))
+        batch, kind, log_, snapshot, folder, _ = plans[i]
+        written = collected[i]
         index = indexes.get(i)
+        closes = written.closes
+        replaced = None
+        if kind == "history":  # a history's stored rows replaced: the versions it closes
+            replaced = (closes.column("hi").to_numpy(), closes.column("lo").to_numpy())
         what = f"batch {batch.batch_id} {batch.table.table_id} {kind}"
         for attempt in range(1, CONFLICT_ATTEMPTS + 1):
             if fence is not None:
@@ -940,6 +1214,8 @@ def direct_write(
                         app_id=batch.app_id,
                         version=batch.batch_id,
                         metadata=batch.metadata,
+                        replaced=replaced,
+                        extra=extra.get(i, ()),
                     )
                 else:
                     commit_appended(
@@ -961,7 +1237,8 @@ def direct_write(
                 snapshot = log_.snapshot()
                 if index is not None:
                     keys = tuple(batch.table.row_keys)
-                    wanted_now = IndexWanted(log_, snapshot, keys, folder)
+                    history = kind == "history"
+                    wanted_now = IndexWanted(log_, snapshot, keys, folder, history)
                     index = mirror_indexes(session, [wanted_now])[0]
         on_commit()
         return batch.overview.max_commit_time if kind == "mirror" else None
