@@ -317,3 +317,12 @@ def test_a_wrong_type_is_printed_by_the_cli_as_one_line_per_key(
     ):
         assert "".join(said.split()) in text, err
     assert "Traceback" not in err and "pydantic" not in err and "validation error" not in err
+
+
+def test_lake_write_is_indexed_or_merge() -> None:
+    """``[lake] write`` chooses the batch's write; anything else names the choices."""
+    assert parse_config(BASE).lake.write == "indexed"
+    merge = parse_config({**BASE, "lake": {"path": "/tmp/lake", "write": "merge"}})
+    assert merge.lake.write == "merge"
+    found = problems({**BASE, "lake": {"path": "/tmp/lake", "write": "upsert"}})
+    assert 'must be "indexed" or "merge"' in found["lake.write"]

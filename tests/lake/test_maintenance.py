@@ -59,7 +59,7 @@ def test_small_files_are_compacted_and_replaced_files_vacuumed(spark: Any, tmp_p
     Maintenance(compact_files=7, vacuum=False).after_batch(spark, [("t", path)])
     assert len(target.files()) == 6  # fewer small files than the threshold
     maintenance = Maintenance(compact_files=6, vacuum_retention_hours=0, vacuum_interval=0)
-    assert maintenance.small_files(path) == 6
+    assert maintenance.small_files(spark, path) == 6
     maintenance.after_batch(spark, [("t", path)])
     assert len(target.files()) == 1
     assert sorted(target.read().column("id").to_pylist()) == rows
@@ -164,7 +164,7 @@ def test_a_vacuum_counts_for_the_next_process_through_the_tables_log(
     from pgcdc.lake import maintenance
 
     path = _appended(spark, tmp_path / "t", 2)
-    assert maintenance.last_vacuum(path) is None
+    assert maintenance.last_vacuum(spark, path) is None
     first = Maintenance(compact_files=0)
     # a new table is first vacuumed one interval after its creation
     assert not first.vacuum_if_due(spark, "t", path)
@@ -172,7 +172,7 @@ def test_a_vacuum_counts_for_the_next_process_through_the_tables_log(
     created = time.monotonic() + first.vacuum_interval + 1
     assert first.vacuum_if_due(spark, "t", path, now=created)
     maintenance._vacuumed.clear()  # as in the next process
-    ended = maintenance.last_vacuum(path)
+    ended = maintenance.last_vacuum(spark, path)
     assert ended is not None and abs(time.monotonic() - ended) < 120
     assert not Maintenance(compact_files=0).vacuum_if_due(spark, "t", path)
     maintenance._vacuumed.clear()

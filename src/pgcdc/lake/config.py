@@ -34,7 +34,7 @@ Reference (defaults in brackets):
 ``[lake]``
     ``path``: the lake folder (local, a shared filesystem mounted at the same path on every
     Spark machine, or an S3 prefix); ``history`` [false] and ``changelog`` [false]: defaults
-    for every table;
+    for every table; ``write`` ["indexed"]: "indexed" or "merge" (``pgcdc.lake.indexed``);
     ``compact_files`` [100], ``target_file_size`` ["16MB"], ``purge_deleted_share`` [0.25],
     ``vacuum`` [true], ``vacuum_retention_hours`` [168] and ``vacuum_interval`` [3600]:
     compaction of each Delta table's small files, purging of the rows its deletion vectors mark
@@ -431,6 +431,13 @@ class LakeSettings(_Model):
     s3: S3Section | None = Field(default=None, description="the store of an s3:// lake")
     history: bool = Field(default=False, description="SCD type 2 history table per table")
     changelog: bool = Field(default=False, description="append-only change log per table")
+    write: Literal["indexed", "merge"] = Field(
+        default="indexed",
+        description=(
+            "how a batch changes a table with a key: 'indexed' (new files, deletion vectors "
+            "from the key index, one commit; no scan of the table) or 'merge' (Delta's MERGE)"
+        ),
+    )
     compact_files: int = Field(
         default=_MAINTENANCE.compact_files,
         ge=0,

@@ -139,6 +139,8 @@ class Commit:
     removed: tuple[str, ...]
     #: whether it changed the table's metadata (schema, properties) or protocol
     changed_metadata: bool
+    #: when it was committed (its ``commitInfo``'s timestamp, milliseconds since the epoch)
+    timestamp: int | None = None
 
 
 def _loose_stats(stats: str | None) -> str | None:
@@ -208,6 +210,22 @@ class TableLog:
                 raise LookupError(f"{self.path}: commit {expected} is not in the log")
             expected += 1
             yield _parse_commit(version, [a.json() for a in _java_list(self._jvm, pair._2())])
+
+    def newest_commits(self, limit: int) -> Iterator[Commit]:
+        """The table's latest ``limit`` commits, newest first, read back in growing windows
+        of the log's JSON files (stops early where its caller does, or where the JSON files
+        were cleaned up after a checkpoint)."""
+        end, width, seen = self.version(), 8, 0
+        while end >= 0 and seen < limit:
+            start = max(0, end - width + 1, end - (limit - seen) + 1)
+            try:
+                window = list(self.commits(start, end))
+            except LookupError:
+                return
+            for commit in reversed(window):
+                seen += 1
+                yield commit
+            end, width = start - 1, width * 4
 
     def transaction_version(self, app_id: str) -> int | None:
         """The latest version of application transaction ``app_id`` the table recorded (None:
@@ -415,6 +433,7 @@ def _parse_commit(version: int, lines: Sequence[str]) -> Commit:
     transactions: dict[str, int] = {}
     metadata: Mapping[str, Any] | None = None
     operation: str | None = None
+    timestamp: int | None = None
     added: list[DataFile] = []
     removed: list[str] = []
     changed_metadata = False
@@ -430,6 +449,8 @@ def _parse_commit(version: int, lines: Sequence[str]) -> Commit:
         elif "commitInfo" in action:
             info = action["commitInfo"]
             operation = info.get("operation")
+            if isinstance(info.get("timestamp"), int):
+                timestamp = int(info["timestamp"])
             text = info.get("userMetadata")
             if isinstance(text, str):
                 try:
@@ -448,4 +469,5 @@ def _parse_commit(version: int, lines: Sequence[str]) -> Commit:
         added=tuple(added),
         removed=tuple(removed),
         changed_metadata=changed_metadata,
+        timestamp=timestamp,
     )

@@ -11,7 +11,7 @@ for each file, and so do the MERGEs. So after each batch, for each Delta table i
   files below the target size are rewritten into files of about that size. One commit, its
   ``userMetadata`` ``{"pgcdc": {"operation": "compact"}}``; it changes no row, so it needs no
   application transaction and a replayed batch is still recognised by its own. The files'
-  count comes from the Delta log read with delta-rs (no Spark job);
+  count comes from the connector's log: the table's files once, then the commits since;
 * **purge** (``REORG TABLE ... APPLY (PURGE)``): at most every ``[lake] vacuum_interval``
   seconds per table (counted from the last REORG, or the table's creation), when the rows the
   table's deletion vectors mark deleted are more than ``[lake] purge_deleted_share`` of its
@@ -46,12 +46,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from pgcdc.lake.delta import USER_METADATA, quote_name, user_metadata
 from pgcdc.lake.storage import LeaseLost
-from pgcdc.lake.target import DeltaTarget
 
 __all__ = [
     "COMPACT_METADATA",
@@ -80,6 +76,8 @@ _purge_checked: dict[str, float] = {}
 _left_small: dict[str, int] = {}
 #: (step, table path) -> the step's conflicts since it last succeeded there
 _gave_way: dict[tuple[str, str], int] = {}
+#: per (table path, small-file limit): the table version counted, and its small files then
+_small: dict[tuple[str, int], tuple[int, frozenset[str]]] = {}
 _lock = threading.Lock()
 
 #: conflicts in a row after which a step's giving way is a warning (and every as many after)
@@ -109,26 +107,34 @@ def deleted_share(spark: Any, path: str) -> float:
 VACUUM_SEARCH_COMMITS = 1000
 
 
-def last_vacuum(path: str) -> float | None:
+def last_vacuum(spark: Any, path: str) -> float | None:
     """When the table's last ``VACUUM`` ended (on the monotonic clock), as its log records it
     among its ``VACUUM_SEARCH_COMMITS`` latest commits; None if not there."""
-    return _last_commit(path, ("VACUUM END",), created=False)
+    return _last_commit(spark, path, ("VACUUM END",), created=False)
 
 
-def _last_commit(path: str, operations: tuple[str, ...], *, created: bool) -> float | None:
+def _last_commit(
+    spark: Any, path: str, operations: tuple[str, ...], *, created: bool
+) -> float | None:
     """When the table's newest commit of one of ``operations`` was made (on the monotonic
-    clock), among its ``VACUUM_SEARCH_COMMITS`` latest; with ``created``, else when the table
-    was created if its log is that short. None if neither is found."""
-    table = DeltaTarget(path).table()
-    if table is None:
+    clock), among its ``VACUUM_SEARCH_COMMITS`` latest (read through the connector's log);
+    with ``created``, else when the table was created if its log is that short. None if
+    neither is found."""
+    from pgcdc.lake.deltalog import TableLog
+
+    log_ = TableLog(spark, path)
+    found = None
+    last = None
+    for commit in log_.newest_commits(VACUUM_SEARCH_COMMITS):
+        last = commit
+        if commit.operation in operations:
+            found = commit
+            break
+    if found is None and created and last is not None and last.version == 0:
+        found = last
+    if found is None or found.timestamp is None:
         return None
-    commits = table.history(VACUUM_SEARCH_COMMITS)
-    found = next((c for c in commits if c.get("operation") in operations), None)
-    if found is None and created and commits and commits[-1].get("version") == 0:
-        found = commits[-1]
-    if found is None:
-        return None
-    at = float(found.get("timestamp", 0)) / 1000.0
+    at = found.timestamp / 1000.0
     return time.monotonic() - max(0.0, time.time() - at)
 
 
@@ -207,13 +213,37 @@ class Maintenance:
                     with _lock:
                         _gave_way.pop(key, None)
 
-    def small_files(self, path: str) -> int:
-        """How many of the table's files are smaller than a quarter of the target size."""
-        table = DeltaTarget(path).table()
-        if table is None:
+    def small_files(self, spark: Any, path: str) -> int:
+        """How many of the table's files are smaller than a quarter of the target size.
+
+        Counted through the connector's log: once per process from the table's files (a
+        Spark job), then carried forward by the commits since (their JSON files, no job: a
+        batch over a hundred tables must not cost a hundred jobs here)."""
+        from pgcdc.lake.deltalog import TableLog
+
+        limit = self.target_file_size // 4
+        log_ = TableLog(spark, path)
+        latest = log_.version()
+        if latest < 0:
             return 0
-        sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
-        return int(pc.sum(pc.less(sizes, self.target_file_size // 4)).as_py() or 0)
+        with _lock:
+            known = _small.get((path, limit))
+        small: set[str] | None = None
+        if known is not None and known[0] <= latest:
+            small = set(known[1])
+            try:
+                for commit in log_.commits(known[0] + 1, latest):
+                    small.difference_update(commit.removed)
+                    small.update(f.path for f in commit.added if f.size < limit)
+            except LookupError:  # the JSON files are gone (a checkpoint's cleanup)
+                small = None
+        if small is None:
+            snapshot = log_.snapshot()
+            latest = int(snapshot.version())
+            small = {f.path for f in log_.files(snapshot) if f.size < limit}
+        with _lock:
+            _small[(path, limit)] = (latest, frozenset(small))
+        return len(small)
 
     def compact(self, spark: Any, name: str, path: str) -> bool:
         """Compact the table if it holds ``compact_files`` small files more than the last
@@ -225,7 +255,7 @@ class Maintenance:
 
         if self.compact_files <= 0:
             return False
-        small = self.small_files(path)
+        small = self.small_files(spark, path)
         with _lock:
             left = _left_small.get(path, 0)
         if small - left < self.compact_files:
@@ -247,7 +277,7 @@ class Maintenance:
             for key in settings:
                 conf.unset(key)
         seconds = time.monotonic() - started
-        remaining = self.small_files(path)
+        remaining = self.small_files(spark, path)
         with _lock:
             _left_small[path] = remaining
         removed = metrics["metrics"]["numFilesRemoved"] if metrics is not None else None
@@ -262,14 +292,16 @@ class Maintenance:
         return True
 
     @staticmethod
-    def _remember(done: dict[str, float], path: str, operations: tuple[str, ...]) -> None:
+    def _remember(
+        spark: Any, done: dict[str, float], path: str, operations: tuple[str, ...]
+    ) -> None:
         """What a process that has not yet done a step for the table starts from: the step's
         last commit in the table's log, else the table's creation (a new table has nothing to
         vacuum or purge: scheduled runs and short ones do not each start with a step)."""
         with _lock:
             if path in done:
                 return
-        last = _last_commit(path, operations, created=True)
+        last = _last_commit(spark, path, operations, created=True)
         if last is not None:
             with _lock:
                 done.setdefault(path, last)
@@ -288,7 +320,7 @@ class Maintenance:
         whether it purged."""
         if self.purge_deleted_share >= 1.0:
             return False
-        self._remember(_purge_checked, path, ("REORG",))
+        self._remember(spark, _purge_checked, path, ("REORG",))
         checked = self._due(_purge_checked, path, now)
         if checked is None:
             return False
@@ -320,7 +352,7 @@ class Maintenance:
 
         if not self.vacuum:
             return False
-        self._remember(_vacuumed, path, ("VACUUM END",))
+        self._remember(spark, _vacuumed, path, ("VACUUM END",))
         due = self._due(_vacuumed, path, now)
         if due is None:
             return False

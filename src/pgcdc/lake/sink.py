@@ -53,15 +53,32 @@ class TableBatch:
 
 
 class TableSink(Protocol):
-    """One Delta table a source table's changes are written to.
+    """One Delta table a source table's changes are written to (the MERGE path; the indexed
+    write, ``pgcdc.lake.indexed.direct_write``, keeps the same contract for many tables at
+    once).
 
-    ``write`` applies ``batch`` to the Delta table at ``path`` in exactly one commit, tagged
-    with the application transaction ``(batch.app_id, batch.batch_id)``, after evolving the
-    table's schema to the batch's columns (creating the table when there is none). A sink keeps
-    no state between calls and may be called again with the same batch (after losing a
-    conflict with maintenance, or when a batch is replayed): a commit Delta already has is not
-    made twice. A write that raises leaves the table as it was. It returns the newest source
-    commit time the table holds from the batch, or None when the table does not keep one.
+    **What a write promises.** ``write`` applies ``batch`` to the Delta table at ``path`` in
+    exactly one Delta commit, tagged with the application transaction
+    ``(batch.app_id, batch.batch_id)``, after evolving the table's schema to the batch's columns
+    (creating the table when there is none). When it returns, that commit is in the table's
+    log: its JSON file written by Delta's log store for the lake's storage, durable as that
+    storage makes it. A write that raises has committed nothing of the batch (files it wrote
+    are in no commit, and the vacuum removes them) and leaves the table as it was.
+
+    **When the slot may advance.** Never on a sink's return alone: ``LakeBatchWriter`` returns
+    only when every Delta table of every source table in the batch has its commit, and only
+    then does Spark commit the batch's offsets, after which the source confirms the batch's end
+    LSN to PostgreSQL. A failure anywhere leaves the slot where it was: the batch is read again.
+
+    **How a replay is recognised.** A sink keeps no state between calls and may be called again
+    with the same batch (after losing a conflict with maintenance, or when a stopped or killed
+    run replays its last batch). Before writing, the writer reads the table's latest version of
+    the application transaction ``batch.app_id`` from the log; a table that holds
+    ``batch.batch_id`` already is skipped, so a commit Delta already has is never made twice,
+    and a batch half-written when the process died is completed table by table.
+
+    ``write`` returns the newest source commit time the table holds from the batch, or None
+    when the table does not keep one.
     """
 
     kind: TableKind

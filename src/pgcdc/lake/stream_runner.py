@@ -141,6 +141,7 @@ class StreamRunner:
             fail_after=pipeline.fail_after,
             maintenance=self.config.lake.maintenance(),
             fence=pipeline.lease.check,
+            indexed=self.config.lake.write == "indexed",
         )
         pipeline.drop_gone_columns()
         options: dict[str, Any] = {}
