@@ -2,7 +2,9 @@
 PostgreSQL's native subscriber (issue 42's benchmark).
 
 Per run (10 and 100 tables by default, ``--tables 10,100,500`` for more; each with history and
-changelog off, then on: ``--modes``), on two throwaway servers (a source and a subscriber):
+changelog off, then on: ``--modes``; with the indexed write, and ``--writes indexed,merge``
+runs each again with ``[lake] write = "merge"``, the MERGE per table that came before), on two
+throwaway servers (a source and a subscriber):
 
 1. Setup, not measured: N tables ``probe.t001 ...`` of 10,000 rows each (``id bigint`` primary
    key, an integer, a 40-character text, a ``numeric(12,2)``, a ``timestamptz``; about 90 bytes
@@ -309,16 +311,20 @@ def run_wide(
     rows: int,
     *,
     history: bool,
+    write: str = "indexed",
     rate: float = RATE,
     seconds: float = SECONDS,
     trigger: float = TRIGGER,
     drain_timeout: float = DRAIN_TIMEOUT,
 ) -> dict[str, Any]:
     """The workload over ``count`` tables of ``rows`` rows against a continuous ``pgcdc run``
-    (history and changelog on or off) and the native subscriber (see the module's doc)."""
+    (history and changelog on or off; ``[lake] write`` ``write``) and the native subscriber
+    (see the module's doc)."""
     names = table_names(count)
     kinds = ("mirror", "history", "changelog") if history else ("mirror",)
-    mode = "history and changelog on" if history else "history and changelog off"
+    mode = ("history and changelog on" if history else "history and changelog off") + (
+        f", {write} write"
+    )
 
     def delta_tables(table: str) -> list[str]:
         return [table if kind == "mirror" else f"{table}.{kind}" for kind in kinds]
@@ -339,7 +345,9 @@ def run_wide(
             source.dsn(),
             [f"{SCHEMA}.*"],
             stream={"trigger_interval": trigger},
-            lake_extra="history = true\nchangelog = true\n" if history else "",
+            lake_extra=(
+                ("history = true\nchangelog = true\n" if history else "") + f'write = "{write}"\n'
+            ),
         )
         _say(f"loaded in {load_seconds:.1f} s ({row_bytes:.0f} bytes a row); pgcdc's first run")
         first = pipeline.run().check("first run: the initial copy")
@@ -475,6 +483,7 @@ def run_wide(
         "rows_per_table": rows,
         "row_bytes": row_bytes,
         "history_changelog": history,
+        "write": write,
         "delta_tables": len(lake.tables),
         "load_seconds": load_seconds,
         "initial_copy_seconds": {
@@ -541,15 +550,18 @@ def run_wide(
     }
 
 
-def _run_or_failure(count: int, rows: int, *, history: bool, **options: Any) -> dict[str, Any]:
+def _run_or_failure(
+    count: int, rows: int, *, history: bool, write: str, **options: Any
+) -> dict[str, Any]:
     """``run_wide``, or what failed (the other runs still run)."""
     try:
-        result = run_wide(count, rows, history=history, **options)
+        result = run_wide(count, rows, history=history, write=write, **options)
     except Exception as exc:  # a benchmark never stops at one failed run
         result = {
             "tables": count,
             "rows_per_table": rows,
             "history_changelog": history,
+            "write": write,
             "failed": f"{type(exc).__name__}: {str(exc)[:2000]}",
         }
     _say(summary(result))
@@ -560,6 +572,7 @@ def measure(
     scale: float,
     counts: Sequence[int] = TABLE_COUNTS,
     modes: Sequence[bool] = (False, True),
+    writes: Sequence[str] = ("indexed",),
     *,
     rate: float = RATE,
     trigger: float = TRIGGER,
@@ -572,26 +585,36 @@ def measure(
             n,
             rows,
             history=history,
+            write=write,
             rate=rate,
             seconds=seconds,
             trigger=trigger,
             drain_timeout=drain_timeout,
         )
+        for write in writes
         for n in counts
         for history in modes
     ]
+    # the goals are the default write's (the first of ``writes``); the others are beside it
+    main_write = writes[0]
 
-    def ran(history: bool) -> list[dict[str, Any]]:
-        return [r for r in runs if r["history_changelog"] == history and "failed" not in r]
+    def ran(history: bool, write: str = main_write) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in runs
+            if r["history_changelog"] == history and r["write"] == write and "failed" not in r
+        ]
 
     ratios: dict[str, float | None] = {}
-    for history in modes:
-        done = sorted(ran(history), key=lambda r: r["tables"])
-        key = "on" if history else "off"
-        ratios[key] = None
-        if len(done) > 1:
-            a, b = done[0]["batches"]["seconds"]["p50"], done[-1]["batches"]["seconds"]["p50"]
-            ratios[key] = b / a if a and b is not None else None
+    for write in writes:
+        for history in modes:
+            done = sorted(ran(history, write), key=lambda r: r["tables"])
+            key = ("on" if history else "off") + ("" if write == main_write else f" {write}")
+            ratios[key] = None
+            if len(done) > 1:
+                a = done[0]["batches"]["seconds"]["p50"]
+                b = done[-1]["batches"]["seconds"]["p50"]
+                ratios[key] = b / a if a and b is not None else None
     goal_run = next((r for r in ran(False) if r["tables"] == GOAL_P99_TABLES), None)
     p99 = None if goal_run is None else goal_run["latency_seconds"]["p99"]
     off = sorted(ran(False), key=lambda r: r["tables"])
@@ -628,7 +651,8 @@ def _seconds(v: float | None) -> str:
 def summary(r: dict[str, Any]) -> str:
     """One run's figures in a line."""
     head = (
-        f"{r['tables']:>4} tables, history+changelog {'on ' if r['history_changelog'] else 'off'}:"
+        f"{r['tables']:>4} tables, history+changelog {'on ' if r['history_changelog'] else 'off'}"
+        f", {r.get('write', 'indexed')} write:"
     )
     if "failed" in r:
         return f"{head} FAILED: {r['failed'][:300]}"
@@ -658,6 +682,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="off,on",
         help="history and changelog: off, on or both (comma-separated); default off,on",
     )
+    parser.add_argument(
+        "--writes",
+        default="indexed",
+        help="[lake] write: indexed, merge or both (comma-separated; the first is the one the "
+        "goals are read from); default indexed",
+    )
     parser.add_argument("--rate", type=float, default=RATE, help="changes per second")
     parser.add_argument("--trigger", type=float, default=TRIGGER, help="trigger interval, s")
     parser.add_argument(
@@ -674,10 +704,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--tables: counts of at least {TABLES_PER_TXN[1]} tables")
     if not modes or set(modes) - {"off", "on"}:
         parser.error(f"--modes takes off and/or on, not {args.modes!r}")
+    writes = [w.strip() for w in args.writes.split(",") if w.strip()]
+    if not writes or set(writes) - {"indexed", "merge"}:
+        parser.error(f"--writes takes indexed and/or merge, not {args.writes!r}")
     result = measure(
         args.scale,
         counts,
         [m == "on" for m in modes],
+        writes,
         rate=args.rate,
         trigger=args.trigger,
         drain_timeout=args.drain_timeout,
