@@ -487,18 +487,31 @@ def commit_indexed(
 _ADAPTIVE = "spark.sql.adaptive.enabled"
 
 
+#: nested column aliasing through the shared plan's ``explode`` loses a table's struct column
+#: when several outputs read fields of it (Spark 4: INTERNAL_ERROR_ATTRIBUTE_NOT_FOUND); the
+#: write reads every field it names anyway
+_NESTED_PRUNING = (
+    "spark.sql.optimizer.nestedSchemaPruning.enabled",
+    "spark.sql.optimizer.expression.nestedPruning.enabled",
+)
+
+
 def _collect_without_adaptive(spark: Any, df: Any) -> pa.Table:
-    """``df``'s rows (Arrow), computed with adaptive query execution off in ``spark``."""
+    """``df``'s rows (Arrow), computed with adaptive query execution and nested column pruning
+    off in ``spark``."""
     conf = spark.conf
-    before = conf.get(_ADAPTIVE, None)
-    conf.set(_ADAPTIVE, "false")
+    settings = (_ADAPTIVE, *_NESTED_PRUNING)
+    before = {k: conf.get(k, None) for k in settings}
+    for k in settings:
+        conf.set(k, "false")
     try:
         return df.toArrow()
     finally:
-        if before is None:
-            conf.unset(_ADAPTIVE)
-        else:
-            conf.set(_ADAPTIVE, before)
+        for k, value in before.items():
+            if value is None:
+                conf.unset(k)
+            else:
+                conf.set(k, value)
 
 
 def _now_ms() -> int:
@@ -975,6 +988,7 @@ class _Closing:
     table: TableLog
     target: SnapshotOutput
     requests: pa.Table  # file (its name), row, end_lsn, end_at, end_op
+    paths: tuple[str, ...]  # the files' paths in the table
 
 
 def _closed_copies(
@@ -995,11 +1009,19 @@ def _closed_copies(
         target = closing.target
         names = dict(zip(target.schema.names, target.physical.names, strict=True))
         base = closing.table.path.rstrip("/")
-        files = sorted(set(closing.requests.column("file").to_pylist()))
-        stored = spark.read.parquet(*[f"{base}/{f}" for f in files]).select(
-            "*",
-            F.substring_index(F.col("_metadata.file_path"), "/", -1).alias("__pgcdc_file"),
-            F.col("_metadata.row_index").alias("__pgcdc_row"),
+        # a file's path in the table (column mapping writes under random prefix folders);
+        # joined by its name, unique
+        files = sorted(set(closing.paths))
+        # the table's physical schema: a file written before a column was added lacks it (read
+        # as NULL, as Delta's reader does)
+        stored = (
+            spark.read.schema(_spark_schema(target.physical))
+            .parquet(*[f"{base}/{f}" for f in files])
+            .select(
+                "*",
+                F.substring_index(F.col("_metadata.file_path"), "/", -1).alias("__pgcdc_file"),
+                F.col("_metadata.row_index").alias("__pgcdc_row"),
+            )
         )
         requests = spark.createDataFrame(closing.requests.to_pandas())
         joined = stored.join(
@@ -1059,14 +1081,27 @@ def _closing(
     files = [unquote(index.file(int(f)).path) for f in file_ids[stored]]
     requests = pa.table(
         {
-            "file": pa.array([f.rsplit("/", 1)[-1] for f in files], pa.string()),
+            "file": pa.array([_file_name(f) for f in files], pa.string()),
             "row": pa.array(rows[stored], pa.int64()),
             "end_lsn": closes.column("end_lsn").filter(pa.array(stored)),
             "end_at": closes.column("end_at").filter(pa.array(stored)),
             "end_op": closes.column("end_op").filter(pa.array(stored)),
         }
     )
-    return _Closing(output, table, target, requests)
+    return _Closing(output, table, target, requests, tuple(sorted(set(files))))
+
+
+def _file_name(path: str) -> str:
+    """A data file's name from its path in the table, as ``_metadata.file_path`` ends."""
+    return path.rsplit("/", 1)[-1]
+
+
+def _spark_schema(schema: pa.Schema) -> Any:
+    """An Arrow schema as Spark's."""
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    return T.StructType([T.StructField(f.name, from_arrow_type(f.type), True) for f in schema])
 
 
 def direct_write(

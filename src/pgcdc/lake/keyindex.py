@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from pgcdc.errors import PgcdcError
 from pgcdc.lake.deltalog import DataFile, TableLog
 from pgcdc.lake.storage import LakePath
 
@@ -363,7 +364,7 @@ def save_segment(folder: LakePath, changes: IndexChanges) -> str:
     return token
 
 
-class IndexError_(RuntimeError):
+class IndexError_(PgcdcError, RuntimeError):
     """The key index cannot describe the table (keys not unique, a file twice)."""
 
 
