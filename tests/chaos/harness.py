@@ -143,15 +143,17 @@ def start_run(
     until_caught_up: bool,
     verify: bool = False,
     prefix: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> Any:
     """``python -m pgcdc run`` in its own session (process group), output appended to ``log``;
-    ``prefix``: a command that runs it (e.g. ``timeout``), the session's leader then."""
+    ``prefix``: a command that runs it (e.g. ``timeout``), the session's leader then; ``env``:
+    more environment variables for it."""
     argv = [sys.executable, "-m", "pgcdc", "--log-level", "INFO", "run", "--config", str(config)]
     if until_caught_up:
         argv.append("--until-caught-up")
     if verify:
         argv.append("--verify")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), COLUMNS="200")
+    env = dict(os.environ, **(env or {}), PYTHONPATH=str(ROOT / "src"), COLUMNS="200")
     with open(log, "ab") as out:
         out.write(f"\n===== {' '.join(argv[2:])} =====\n".encode())
         out.flush()

@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -71,8 +73,29 @@ PARALLEL_TABLES = 4
 #: files, a small Spark job after it), so more than the cores
 COMMIT_THREADS = 8
 
+#: Tests only: ``pgcdc run`` with this variable set to one of ``KILL_POINTS`` (``point``, or
+#: ``point@N``: in batch N or a later one) SIGKILLs itself the first time a batch's indexed
+#: write reaches that point (``_Commits.reached``)
+KILL_ENV = "PGCDC_TEST_KILL_AT"
+#: The indexed write's points (``pgcdc.lake.indexed``) where a crash leaves the lake half
+#: written: every Delta table's data files written, no index segment or commit yet; a table's
+#: deletion vectors and index segment written, not its commit; a table's commit about to
+#: start once another commit of the batch is in (the commits run ``COMMIT_THREADS`` at a
+#: time: a batch of more Delta tables reaches it); a key index rebuilt from its table (the
+#: Spark job read it), not yet saved or used; the histories' ended versions copied, not
+#: committed
+KILL_POINTS = ("data-files", "index-segment", "between-commits", "index-rebuild", "closed-copies")
+
 _T = TypeVar("_T")
 _R = TypeVar("_R")
+
+
+class KillAt(NamedTuple):
+    """Tests: where a run SIGKILLs itself (``KILL_ENV``): a point of ``KILL_POINTS``, in the
+    first batch from ``batch`` on that reaches it."""
+
+    point: str
+    batch: int = 0
 
 
 @dataclass(slots=True)
@@ -172,6 +195,8 @@ class LakeBatchWriter:
     dsn: str | None = field(default=None, repr=False)  # for added columns' existing values
     #: tests: raise after this many Delta commits of a batch (0: before any, every attempt)
     fail_after: int | None = None
+    #: tests: SIGKILL this process at this point of the indexed write (``KILL_ENV``)
+    kill_at: KillAt | None = None
     #: compaction, purges and vacuum of the Delta tables a batch wrote, after its commits
     maintenance: Maintenance | None = None
     #: raises when this process may no longer write the lake (``Lease.check``): called
@@ -307,7 +332,7 @@ class LakeBatchWriter:
         the batch truncated) by Delta's MERGE, the tables at the same time, up to
         ``PARALLEL_TABLES``, each in a Spark session of its own (a session's settings carry its
         writes' application transaction)."""
-        commits = _Commits(self.fail_after)
+        commits = _Commits(self.fail_after, self.kill_at, batch_id)
         if self.fail_after == 0:
             raise RuntimeError("injected failure before any Delta commit (tests)")
         spark = df.sparkSession
@@ -372,6 +397,7 @@ class LakeBatchWriter:
             fence=self.fence,
             on_commit=commits.count,
             parallel=COMMIT_THREADS,
+            reached=commits.reached,
         )
 
     def _table_batch(self, spark: Any, df: Any, batch_id: int, job: _TableJob) -> TableBatch:
@@ -588,10 +614,14 @@ _SESSIONS = _SessionPool()
 
 class _Commits:
     """The Delta commits a batch made (across the threads writing its tables), and the tests'
-    injected failure after ``fail_after`` of them."""
+    injected failures: an error after ``fail_after`` of them, a SIGKILL at ``kill_at``."""
 
-    def __init__(self, fail_after: int | None) -> None:
+    def __init__(
+        self, fail_after: int | None, kill_at: KillAt | None = None, batch_id: int = 0
+    ) -> None:
         self.fail_after = fail_after
+        self.kill_at = kill_at
+        self.batch_id = batch_id
         self.done = 0
         self._lock = threading.Lock()
 
@@ -601,6 +631,22 @@ class _Commits:
             done = self.done
         if self.fail_after is not None and done >= self.fail_after:
             raise RuntimeError(f"injected failure after {done} Delta commit(s) (tests)")
+
+    def reached(self, point: str, what: str) -> None:
+        """The write reached ``point`` (one of ``KILL_POINTS``) of ``what``: the tests' kill
+        there, if asked. The marker line goes out first, through the log (flushed on each
+        record). The run's process group is killed with it when the run leads one (Spark's
+        JVM and Python workers at once, as the chaos suite kills a run); otherwise they end
+        as after any crash of this process (the JVM when its pipe from it closes)."""
+        kill = self.kill_at
+        if kill is None or point != kill.point or self.batch_id < kill.batch:
+            return
+        log.warning(
+            "test kill point %s reached in batch %s (%s): SIGKILL", point, self.batch_id, what
+        )
+        if os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def overview_meta(batch_id: int, info: TableOverview) -> dict[str, Any]:

@@ -95,6 +95,10 @@ __all__ = [
 
 log = logging.getLogger("pgcdc.lake")
 
+#: Where the write tells the tests' kill points (``pgcdc.lake.batch._Commits.reached``): the
+#: point's name and what reached it
+Reached = Callable[[str, str], None]
+
 #: What a writer task reports: one row per file written, and one per task with its deletes
 WRITTEN = pa.schema(
     [
@@ -414,6 +418,7 @@ def commit_indexed(
     metadata: Mapping[str, Any],
     replaced: tuple[np.ndarray, np.ndarray] | None = None,
     extra: Sequence[DataFile] = (),
+    reached: Reached | None = None,
 ) -> int:
     """Commit a batch of a mirror or a history through its key index; the version committed.
 
@@ -422,7 +427,8 @@ def commit_indexed(
     written files and ``extra`` ones (a history's closed versions, no key's current row) are
     added; the index gets the deleted keys' tombstones, then the written rows' entries, in a
     segment saved before the commit. The index moves to the committed version only when the
-    commit came right after the index's own version (else the next use rebuilds it)."""
+    commit came right after the index's own version (else the next use rebuilds it).
+    ``reached``: told each kill point of the tests (``pgcdc.lake.batch.KILL_POINTS``)."""
     now = _now_ms()
     new_files = [_stamped(f, now) for f, *_ in written.files]
     extra_files = [_stamped(f, now) for f in extra]
@@ -460,6 +466,8 @@ def commit_indexed(
         removed=(),
     )
     token = save_segment(folder, changes)
+    if reached is not None:
+        reached("index-segment", table.path)
     actions: list[Mapping[str, Any]] = []
     for path, data_file in updated.items():
         previous = index.file(index.file_id(path))  # type: ignore[arg-type]
@@ -639,11 +647,14 @@ class IndexWanted:
     history: bool = False
 
 
-def mirror_indexes(spark: Any, wanted: Sequence[IndexWanted]) -> list[KeyIndex]:
+def mirror_indexes(
+    spark: Any, wanted: Sequence[IndexWanted], reached: Reached | None = None
+) -> list[KeyIndex]:
     """The key index of each table at its snapshot: the one this process keeps when it is at
     that version, or brought there when only compactions and purges came since (their new
     files read), else the lake's (base and segments), else built from the table and saved.
-    Whatever the indexes need read is read by one Spark job."""
+    Whatever the indexes need read is read by one Spark job. ``reached``: told each kill
+    point of the tests (``pgcdc.lake.batch.KILL_POINTS``)."""
     out: list[KeyIndex | None] = [None] * len(wanted)
     reads: list[_IndexRead] = []
     followed: dict[int, tuple[KeyIndex, list[str]]] = {}
@@ -676,6 +687,8 @@ def mirror_indexes(spark: Any, wanted: Sequence[IndexWanted]) -> list[KeyIndex]:
             _IndexRead(i, w.table, w.snapshot, w.keys, tuple(files), every, False, w.history)
         )
     entries = _read_entries(spark, reads)
+    if built and reached is not None:
+        reached("index-rebuild", ", ".join(wanted[i].table.path for i in built))
     for i, (index, removed) in followed.items():
         w = wanted[i]
         index.remove_files(removed)
@@ -1112,9 +1125,11 @@ def direct_write(
     fence: Callable[[], None] | None,
     on_commit: Callable[[], None],
     parallel: int,
+    reached: Reached | None = None,
 ) -> dict[str, Any]:
     """Write each item (a table's batch, the kind of its Delta table, its path) by the indexed
-    write; the newest source commit time each mirror got, by table id."""
+    write; the newest source commit time each mirror got, by table id. ``reached``: told each
+    kill point of the tests (``pgcdc.lake.batch.KILL_POINTS``)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -1198,7 +1213,7 @@ def direct_write(
     if shared:
         packed.insert(0, shared_rows(items[0][0].changes, shared))
     planned = time.monotonic()
-    found = mirror_indexes(spark, [w for _, w in wanted])
+    found = mirror_indexes(spark, [w for _, w in wanted], reached)
     from pgcdc.lake.maintenance import conflicts
 
     indexed_at = time.monotonic()
@@ -1215,6 +1230,9 @@ def direct_write(
     for row in _collect_without_adaptive(spark, written).to_pylist():
         reports.setdefault(int(row["output"]), []).append(row)
     collected = {i: Written.collect(reports.get(i, [])) for i in range(len(plans))}
+    batch_id = items[0][0].batch_id
+    if reached is not None:
+        reached("data-files", f"{len(plans)} Delta tables")
     closings = []
     for i, (_, kind, log_, _, _, target) in enumerate(plans):
         closes = collected[i].closes
@@ -1222,8 +1240,11 @@ def direct_write(
             closing = _closing(i, log_, target, indexes[i], closes)
             if closing is not None:
                 closings.append(closing)
-    extra = _closed_copies(spark, closings, layout.location, f"b{items[0][0].batch_id}c")
+    extra = _closed_copies(spark, closings, layout.location, f"b{batch_id}c")
+    if extra and reached is not None:
+        reached("closed-copies", f"{len(extra)} histories")
     wrote = time.monotonic()
+    committed = threading.Event()  # a commit of the batch is in
 
     def commit(session: Any, i: int) -> Any:
         batch, kind, log_, snapshot, folder, _ = plans[i]
@@ -1234,6 +1255,8 @@ def direct_write(
         if kind == "history":  # a history's stored rows replaced: the versions it closes
             replaced = (closes.column("hi").to_numpy(), closes.column("lo").to_numpy())
         what = f"batch {batch.batch_id} {batch.table.table_id} {kind}"
+        if reached is not None and committed.is_set():
+            reached("between-commits", f"{batch.table.table_id} {kind}")
         for attempt in range(1, CONFLICT_ATTEMPTS + 1):
             if fence is not None:
                 fence()
@@ -1251,6 +1274,7 @@ def direct_write(
                         metadata=batch.metadata,
                         replaced=replaced,
                         extra=extra.get(i, ()),
+                        reached=reached,
                     )
                 else:
                     commit_appended(
@@ -1275,6 +1299,7 @@ def direct_write(
                     history = kind == "history"
                     wanted_now = IndexWanted(log_, snapshot, keys, folder, history)
                     index = mirror_indexes(session, [wanted_now])[0]
+        committed.set()
         on_commit()
         return batch.overview.max_commit_time if kind == "mirror" else None
 

@@ -53,12 +53,13 @@ A lake whose slot ``pgcdc drop`` dropped (``state.dropped_at``) is never copied 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgcdc.lake.batch import PROGRESS, Progress
+from pgcdc.lake.batch import KILL_ENV, KILL_POINTS, PROGRESS, KillAt, Progress
 from pgcdc.lake.bootstrap import config_problems, server_identity, start_point
 from pgcdc.lake.catalog import SourcePlan, plan_source
 from pgcdc.lake.config import ConfigError, PipelineConfig
@@ -150,6 +151,28 @@ class RunResult:
     resumed: bool = False
 
 
+def kill_point() -> KillAt | None:
+    """The tests' kill point from ``$PGCDC_TEST_KILL_AT`` (``pgcdc.lake.batch.KILL_ENV``),
+    None when it is not set; a value that names no kill point is an error, not a run without
+    the kill."""
+    text = os.environ.get(KILL_ENV) or None
+    if text is None:
+        return None
+    point, at, batch = text.partition("@")
+    if point not in KILL_POINTS or (at and not batch.isdigit()):
+        raise ConfigError(
+            [
+                (
+                    f"${KILL_ENV}",
+                    f"{text!r} is no kill point of the tests: unset it (it is for pgcdc's "
+                    f"tests only), or name one of {', '.join(KILL_POINTS)}, with @N to kill "
+                    "in batch N or later",
+                )
+            ]
+        )
+    return KillAt(point, int(batch) if at else 0)
+
+
 class Pipeline:
     """One configured pipeline; ``run`` starts (or resumes) it."""
 
@@ -179,6 +202,8 @@ class Pipeline:
         #: why the run must end (the slot monitor's finding), once it must
         self.fatal: str | None = None
         self.fail_after = fail_after_commits
+        #: tests: the point of the indexed write where the run SIGKILLs itself (``KILL_ENV``)
+        self.kill_at = kill_point()
         self.layout = LakeLayout(config.lake.location())
         self._spark = spark
         self._on_spark = on_spark

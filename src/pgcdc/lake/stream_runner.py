@@ -139,6 +139,7 @@ class StreamRunner:
             app_id=state.stream_app_id,
             dsn=pipeline.dsn,
             fail_after=pipeline.fail_after,
+            kill_at=pipeline.kill_at,
             maintenance=self.config.lake.maintenance(),
             fence=pipeline.lease.check,
             indexed=self.config.lake.write == "indexed",
