@@ -270,7 +270,8 @@ class LakeBatchWriter:
             if unknown:
                 log.warning(
                     "batch %s has changes of tables the pipeline does not mirror (%s): "
-                    "ignored; mirror them with a new pipeline",
+                    "ignored (a table removed from [[tables]] leaves the publication; one "
+                    "added joins at the next start)",
                     batch_id,
                     ", ".join(unknown),
                 )

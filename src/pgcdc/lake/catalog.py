@@ -748,8 +748,8 @@ def _unknown_value(table: LakeTable, name: str, unknown: source_catalog.UnknownV
         )
         avoid = "let pgcdc apply an ADD COLUMN before changing the column's type"
     return PipelineError(
-        f"{what}. Fix: copy the table again: run a new pipeline (another slot, publication and "
-        "lake path), or `pgcdc drop` this one, move its lake away and run again; to avoid it, "
+        f"{what}. Fix: copy the table again: leave it out of [[tables]] for one run and add it "
+        "back (it is copied anew; the other tables are not touched); to avoid it, "
         f"{avoid}"
     )
 

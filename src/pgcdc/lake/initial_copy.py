@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgcdc.lake.batch import table_column_pairs
 from pgcdc.lake.bootstrap import server_identity
-from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source
+from pgcdc.lake.catalog import SourcePlan, ensure_publication
 from pgcdc.lake.failures import PipelineError, diagnose
 from pgcdc.lake.snapshot import SnapshotResult, remove_tables, write_snapshot
 from pgcdc.lake.state import PipelineState, load_state, save_state
@@ -107,7 +107,7 @@ class InitialCopy:
 
         def again(_attempt: int) -> None:
             nonlocal plan, previous, slot_exists
-            plan = self.pipeline.plan = plan_source(self.dsn, self.config)  # new columns
+            plan = self.pipeline.plan = self.pipeline.replan()  # new columns
             previous = load_state(self.layout)
             slot_exists = slot_info(self.dsn, self.config.source.slot) is not None
 

@@ -27,6 +27,7 @@ from pgcdc.lake.maintenance import worker_for
 from pgcdc.lake.monitor import BatchEvents, SlotMonitor
 from pgcdc.lake.state import PipelineState, remove_torn_writes
 from pgcdc.lake.tables import text_columns_option
+from pgcdc.lsn import Lsn
 from pgcdc.replication import Heartbeat, SlotHealth, scrub_secrets
 
 if TYPE_CHECKING:
@@ -142,6 +143,10 @@ class StreamRunner:
             maintenance=self.config.lake.maintenance(),
             fence=pipeline.lease.check,
             indexed=self.config.lake.write == "indexed",
+            copied_at=tuple(
+                (table_id, int(Lsn.parse(lsn)))
+                for table_id, lsn in sorted(state.copied_at().items())
+            ),
         )
         pipeline.drop_gone_columns()
         options: dict[str, Any] = {}
