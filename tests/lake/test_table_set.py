@@ -8,7 +8,8 @@ Spark, Delta tables read back.
   tables the lake had are not copied again. ``run --check`` only says so.
 * A table removed from the configuration leaves the publication and keeps its lake tables;
   added back, it is copied anew; a copy that fails between two tables' commits (as a kill
-  would leave it) is redone from scratch by the next start.
+  would leave it) is redone from scratch by the next start. A table created while ``run``
+  streams joins at the next start and does not stop the running one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from pgcdc.lake.state import load_state
 from pgcdc.lake.target import DeltaTarget
 from pgcdc.lsn import Lsn
 from tests.fix_pg import PgDatabase, newest_server
+from tests.fix_pipeline import Background
 from tests.lake.test_pipeline import (
     assert_equal,
     assert_history_matches_mirror,
@@ -194,19 +197,24 @@ def test_a_table_created_on_the_source_joins_the_lake_with_no_gap_and_no_duplica
 
 @newest_server
 def test_a_removed_table_is_kept_and_added_again_is_copied_anew(
-    pg: PgDatabase, spark: Any, tmp_path: Path
+    pg: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    background: Callable[[Pipeline], Background],
 ) -> None:
     pg.execute(SHOP)
     pg.execute("CREATE TABLE shop.audit (id int PRIMARY KEY, v int, note text)")
     pg.execute("INSERT INTO shop.audit SELECT g, g, 'a' || g FROM generate_series(1, 30) g")
     lake = tmp_path / "lake"
-    every = make_config(pg, lake, [{"name": "shop.*"}])
+    # a pattern's text_columns reach every table it matches, the one created later too
+    note = {"text_columns": ["note"]}
+    every = make_config(pg, lake, [{"name": "shop.*", **note}])
     Pipeline(every, spark=spark).run(until_caught_up=True)
     audit = DeltaTarget(lake / "shop" / "audit")
     kept = audit.version()
 
     # removed: out of the publication, its lake table kept and no longer written
-    orders_only = make_config(pg, lake, [{"name": "shop.orders"}])
+    orders_only = make_config(pg, lake, [{"name": "shop.orders", **note}])
     pg.execute("UPDATE shop.audit SET v = -v")
     pg.execute("UPDATE shop.orders SET qty = 0 WHERE id < 10")
     removed = Pipeline(orders_only, spark=spark)
@@ -250,7 +258,9 @@ def test_a_removed_table_is_kept_and_added_again_is_copied_anew(
 
     # ... and the next start copies again, from scratch, what is still configured, and removes
     # what the copy left of a table no longer configured
-    audit_only = make_config(pg, lake, [{"name": "shop.orders"}, {"name": "shop.audit"}])
+    audit_only = make_config(
+        pg, lake, [{"name": "shop.orders", **note}, {"name": "shop.audit", **note}]
+    )
     done = Pipeline(audit_only, spark=spark)
     assert done.run(until_caught_up=True).added_rows == {"shop.audit": 30}
     assert done.state is not None
@@ -263,11 +273,23 @@ def test_a_removed_table_is_kept_and_added_again_is_copied_anew(
     assert_equal(done)
     assert commit_kinds(audit) == ["snapshot"]
 
-    # the table whose copy was given up on is added again later like any other
+    # the table whose copy was given up on is added again later like any other; a table
+    # created while that run streams joins at the next start, without disturbing it (not even
+    # when a schema change restarts its query, which plans the tables again)
     pg.execute("UPDATE shop.audit SET v = v + 1 WHERE id < 5")
+    running = Pipeline(every, spark=spark)
+    run = background(running).start()
+    assert running.state is not None and running.state.phases["shop.audit2"].attempt == 1
+    pg.execute("CREATE TABLE shop.late (id int PRIMARY KEY, n numeric(6, 2), note text)")
+    pg.execute("INSERT INTO shop.late SELECT g, g, 'l' FROM generate_series(1, 10) g")
+    pg.execute("ALTER TABLE shop.orders ADD COLUMN extra int DEFAULT 1")
+    pg.execute("UPDATE shop.orders SET extra = 2 WHERE id = 2")
+    deadline = time.monotonic() + 240
+    while running.restarts == 0 and time.monotonic() < deadline and not run.failures:
+        time.sleep(1)
+    run.stop()
+    assert not run.failures and running.restarts >= 1
     last = Pipeline(every, spark=spark)
-    assert last.run(until_caught_up=True).added_rows == {"shop.audit2": 20}
-    assert last.state is not None
-    assert last.state.phases["shop.audit2"].attempt == 1
+    assert last.run(until_caught_up=True).added_rows == {"shop.late": 10}
     assert_equal(last)
     assert commit_kinds(audit) == ["snapshot", "batch"]

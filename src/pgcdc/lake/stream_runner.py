@@ -160,13 +160,16 @@ class StreamRunner:
         pause = Path(tempfile.gettempdir()) / f"pgcdc-pause-{uuid.uuid4().hex}"
         options["pauseFile"] = str(pause)
         current = plan
+        mirrored = {t.table_id for t in plan.tables}
         restarts = 0
         while not pipeline.stopping.is_set():
             if restarts:  # a schema change: the first start checked in drop_gone_columns
                 pipeline.check_shapes(replan=True)
                 # a pattern entry's text_columns may name a column a table gained since
                 current = pipeline.plan or plan
-            texts = text_columns_option(current.tables)
+            # of the tables the writer mirrors: a table a replan found since joins at the
+            # next start, and the source refuses text columns of a table it does not read
+            texts = text_columns_option(t for t in current.tables if t.table_id in mirrored)
             if texts:
                 options["textColumns"] = texts
             else:
