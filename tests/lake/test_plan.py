@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
+from pgcdc.lake.bootstrap import config_problems
 from pgcdc.lake.catalog import ensure_publication, plan_source
 from pgcdc.lake.config import ConfigError, PipelineConfig, parse_config
+from pgcdc.lake.state import PipelineState
 from tests.fix_pg import PgDatabase
 
 SCHEMA = """
@@ -127,6 +129,19 @@ def test_a_publication_pgcdc_created_follows_the_tables_added_and_removed(
     with pytest.raises(ConfigError) as info:
         plan_source(pg.dsn(), refiltered, managed=True)
     assert "add it back with the new filter" in dict(info.value.problems)["tables"]
+    # a table the lake mirrors, dropped from the publication behind pgcdc's back, lost its
+    # changes since: added back silently, its mirror would have a gap
+    pg.execute("ALTER PUBLICATION p DROP TABLE t3")
+    state = PipelineState.new(
+        system_identifier="1",
+        database=pg.dbname,
+        slot="s",
+        publication="p",
+        tables=("public.t1", "public.t3"),
+    ).evolve(snapshot_done=True)
+    plan = plan_source(pg.dsn(), changed, managed=True)
+    found = dict(config_problems(state, changed, plan, ("1", pg.dbname)))
+    assert "no longer publishes public.t3" in found["source.publication"]
 
 
 def test_partitioned_tables(pg: PgDatabase) -> None:

@@ -67,8 +67,31 @@ def config_problems(
             )
         )
     if state.snapshot_done:
+        problems.extend(_unpublished(plan, state))
         problems.extend(_late_kinds(plan, layout, state))
     return problems
+
+
+def _unpublished(plan: SourcePlan, state: PipelineState) -> list[tuple[str, str]]:
+    """Tables the lake mirrors that the publication (one pgcdc created) no longer publishes:
+    someone dropped them from it, or dropped the tables. Their changes since are not in the
+    stream, so adding them back to the publication would leave a gap in their mirrors."""
+    gone = sorted(
+        table_id
+        for spec in plan.publication_add
+        if (table_id := f"{spec.schema or 'public'}.{spec.name}") in state.tables
+    )
+    if not gone:
+        return []
+    return [
+        (
+            "source.publication",
+            f"publication {state.publication!r} no longer publishes {', '.join(gone)}, which "
+            "the lake mirrors (it was dropped from the publication, or the table was dropped): "
+            "the changes made since are not in the stream. Fix: copy the table again: leave it "
+            "out of [[tables]] for one run and add it back",
+        )
+    ]
 
 
 def _late_kinds(
