@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pgcdc.lake.state import STATE_FORMAT, PipelineState, StateError, load_state, save_state
+from pgcdc.lake.state import (
+    STATE_FORMAT,
+    PipelineState,
+    StateError,
+    TablePhase,
+    load_state,
+    save_state,
+)
 from pgcdc.lake.tables import LakeLayout
 
 
@@ -19,7 +26,38 @@ def test_a_state_round_trips(tmp_path: Path) -> None:
     )
     save_state(layout, state)
     assert load_state(layout) == state
-    assert json.loads(layout.state_file.local().read_text())["format"] == STATE_FORMAT == 2
+    assert json.loads(layout.state_file.local().read_text())["format"] == STATE_FORMAT == 3
+
+
+def test_a_state_of_the_previous_format_loads_and_keeps_its_phases(tmp_path: Path) -> None:
+    """Format 2 (before tables could join or leave a pipeline) reads as a state without
+    phases, and is written as format 3 (which an older pgcdc refuses by name); the phases of
+    added and removed tables round-trip."""
+    layout = LakeLayout(tmp_path / "lake")
+    state = PipelineState.new(
+        system_identifier="1", database="db", slot="s", publication="p", tables=("public.t",)
+    )
+    save_state(layout, state)
+    data = json.loads(layout.state_file.local().read_text())
+    del data["phases"]
+    data["format"] = 2
+    layout.state_file.local().write_text(json.dumps(data))
+    old = load_state(layout)
+    assert old is not None and old.phases == {} and old.format == STATE_FORMAT
+    added = old.evolve(
+        tables=("public.t", "public.u"),
+        phases={
+            "public.u": TablePhase(
+                "streaming", "public", "u", attempt=2, copied_at="0/1A2B3C4", rows=7
+            ),
+            "x.y.z": TablePhase("removed", "x.y", "z"),
+        },
+    )
+    save_state(layout, added)
+    again = load_state(layout)
+    assert again == added
+    assert again.copied_at() == {"public.u": "0/1A2B3C4"}
+    assert json.loads(layout.state_file.local().read_text())["format"] == 3
 
 
 def test_a_lake_of_the_delta_rs_writer_is_refused_with_the_fix(tmp_path: Path) -> None:

@@ -1,12 +1,14 @@
 """``pgcdc run``: mirror PostgreSQL tables into Delta Lake tables, as ``pipeline.toml`` says.
 
 The first start creates the publication (with its row filters) and the slot, copies the tables
-in parallel and then streams; later starts resume where the last one stopped. With
+in parallel and then streams; later starts copy the tables added to the configuration since
+(and stop mirroring the ones removed), then resume where the last one stopped. With
 ``--until-caught-up`` it applies everything committed up to the moment it started and exits 0
 (for scheduled runs and tests); otherwise it runs until interrupted: Ctrl-C or SIGTERM stops
 it after the current batch (or the initial copy) and it exits 0; a second Ctrl-C stops it at
 once (exit 130; the next start reads that batch again). ``--check`` validates the
-configuration against the source and exits.
+configuration against the source, says which tables the next run would add or stop mirroring,
+and exits, creating nothing.
 
 Progress: on a terminal, rich progress bars for the snapshot (tables copied, rows) and the
 stream (WAL bytes from the slot's position to the server's, batches, changes/s); otherwise a
@@ -348,11 +350,15 @@ def run(args: argparse.Namespace) -> int:
             start_point(config, pipeline.state, pipeline.dsn)
             # and a lake it cannot write: a probe file under _pgcdc/, removed again
             check_writable(pipeline.layout)
+            changes = pipeline.changes
             out.say(
                 f"configuration OK: {len(plan.tables)} tables "
                 f"({', '.join(t.table_id for t in plan.tables)}), "
-                f"{'resuming' if pipeline.state else 'first start'}",
+                f"{'resuming' if pipeline.state else 'first start'}"
+                + (f"; the next run would {changes.describe()}" if changes else ""),
                 tables=len(plan.tables),
+                added=[t.table_id for t in changes.added],
+                removed=list(changes.removed),
             )
             return 0
         out.say(f"pgcdc run: {config.describe()}", slot=config.source.slot)
@@ -372,6 +378,19 @@ def run(args: argparse.Namespace) -> int:
                 f"{len(result.snapshot_rows)} tables in {result.snapshot_seconds:.1f} s",
                 rows=sum(result.snapshot_rows.values()),
                 tables=len(result.snapshot_rows),
+            )
+        if result.added_rows:
+            out.say(
+                f"added tables: {sum(result.added_rows.values())} rows of "
+                f"{', '.join(sorted(result.added_rows))} copied",
+                rows=sum(result.added_rows.values()),
+                tables=sorted(result.added_rows),
+            )
+        if result.removed:
+            out.say(
+                f"removed tables: {', '.join(result.removed)} no longer mirrored (their lake "
+                "tables are kept)",
+                tables=list(result.removed),
             )
         out.say(
             f"stream: {result.batches} batches, {result.changes} changes"

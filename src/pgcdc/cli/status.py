@@ -11,7 +11,11 @@ is applied; ``kept_outside_lake`` and ``state_error`` when the run could not wri
 state and kept the failure in a file outside it); and per table its rows (from
 the Delta log's file statistics, without reading data), its last commit (version, time, stream
 batch id from the commit's metadata) and the newest change it holds (``__commit_lsn`` /
-``__commit_time``). Nothing is written anywhere.
+``__commit_time``), with its ``phase``: ``streaming`` (``mirrored``), ``copying`` (added to the
+configuration, its copy not finished: the next run finishes it) or ``removed`` (left the
+configuration: its lake tables are kept and no longer written), and the LSN its copy was taken
+at (``copied_at``: the initial copy's, or its own for a table added later). Nothing is written
+anywhere.
 
 Lag:
 
@@ -96,14 +100,7 @@ def _parse_time(text: str | None) -> datetime | None:
 
 def _mirror_path(layout: LakeLayout, table_id: str) -> tuple[str, str, LakePath]:
     """The schema, table and mirror path of a ``schema.table`` id (names may hold dots)."""
-    splits = [i for i, ch in enumerate(table_id) if ch == "."]
-    for i in splits:
-        schema, name = table_id[:i], table_id[i + 1 :]
-        path = layout.table_path(schema, name)
-        if (path / "_delta_log").is_dir():
-            return schema, name, path
-    i = splits[0] if splits else -1
-    schema, name = (table_id[:i], table_id[i + 1 :]) if i >= 0 else ("public", table_id)
+    schema, name = layout.split_table_id(table_id)
     return schema, name, layout.table_path(schema, name)
 
 
@@ -114,12 +111,28 @@ def _max(column: Any) -> Any:
 
 
 def _table_status(layout: LakeLayout, table_id: str, state: PipelineState) -> dict[str, Any]:
+    """One lake table's report: its mirror (rows, version, newest change, last batch) and its
+    phase: ``streaming`` (mirrored), ``copying`` (added, its copy not finished) or ``removed``
+    (no longer in the configuration: kept, no longer written)."""
     from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME
     from pgcdc.lake.target import DeltaTarget, commit_metadata
 
-    _schema, _name, path = _mirror_path(layout, table_id)
+    phase = state.phases.get(table_id)
+    if phase is not None:
+        path = layout.table_path(phase.schema, phase.name)
+    else:
+        _schema, _name, path = _mirror_path(layout, table_id)
+    # the copy's files carry no statistics: their rows are of the copy's point and time
+    copied_at = state.consistent_point
+    copied_time = state.snapshot_started_at
+    if phase is not None and phase.copied_at is not None:
+        copied_at, copied_time = phase.copied_at, phase.copy_started_at
     out: dict[str, Any] = {
         "table": table_id,
+        "phase": "streaming" if phase is None else phase.phase,
+        "mirrored": table_id in state.tables,
+        "phase_since": None if phase is None else phase.since,
+        **_lsn_fields("copied_at", _parse_lsn(copied_at)),
         "path": str(path),
         "exists": False,
         "rows": None,
@@ -156,10 +169,10 @@ def _table_status(layout: LakeLayout, table_id: str, state: PipelineState) -> di
         value = _max(actions.column(time_column))
         if isinstance(value, datetime):
             newest_time = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-    if without_stats and state.consistent_point:  # files of the snapshot carry no statistics
-        point = int(Lsn.parse(state.consistent_point))
+    if without_stats and copied_at:  # files of the copy carry no statistics
+        point = int(Lsn.parse(copied_at))
         newest_lsn = point if newest_lsn is None else max(newest_lsn, point)
-        started = _parse_time(state.snapshot_started_at)
+        started = _parse_time(copied_time)
         if started is not None:
             newest_time = started if newest_time is None else max(newest_time, started)
     out.update(_lsn_fields("newest_change_lsn", newest_lsn))
@@ -312,9 +325,12 @@ def collect(config: PipelineConfig, *, now: datetime | None = None) -> dict[str,
 
     tables: list[dict[str, Any]] = []
     if state is not None:
-        tables = [_table_status(layout, t, state) for t in state.tables]
+        others = sorted(t for t in state.phases if t not in state.tables)
+        tables = [_table_status(layout, t, state) for t in (*state.tables, *others)]
     newest_times = [
-        t for t in (_parse_time(x["newest_change_time"]) for x in tables) if t is not None
+        t
+        for t in (_parse_time(x["newest_change_time"]) for x in tables if x["mirrored"])
+        if t is not None
     ]
     last_applied = max(newest_times) if newest_times else None
 
@@ -503,8 +519,12 @@ def render(report: dict[str, Any], console: Console) -> None:
                 batch_text = f"snapshot {t['snapshot_generation']}"
             else:
                 batch_text = _show(batch)
+            phase = t["phase"]
             tables.add_row(
-                t["table"],
+                t["table"]
+                + {"copying": " (being added)", "removed": " (removed: no longer mirrored)"}.get(
+                    phase, ""
+                ),
                 _show(t["rows"]),
                 batch_text,
                 _show(t["last_commit_time"]),

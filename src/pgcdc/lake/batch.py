@@ -16,6 +16,11 @@ commits that are already there are skipped (and Delta itself skips a tagged writ
 has). However large a transaction, it passes through the executors' memory and disk, never
 through the driver.
 
+A table added to the pipeline after its initial copy was copied at an LSN of its own
+(``LakeBatchWriter.copied_at``): its changes committed before that LSN are in its copy and are
+left out of every batch before anything reads it (``skip_copied``), the rule PostgreSQL's own
+subscriber hands a table over from its table-sync worker to the apply worker by.
+
 ``Progress`` (per app id, in ``PROGRESS``) sums what the batches applied in this process and
 tells its listeners (``BatchListener``: the pipeline's metrics and progress display) about each
 batch, applied or failed. Listeners run in the thread that runs the batch and must not raise.
@@ -25,7 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
+import operator
 import os
 import signal
 import threading
@@ -62,6 +69,7 @@ __all__ = [
     "LakeBatchWriter",
     "Progress",
     "again_on_conflict",
+    "skip_copied",
     "table_column_pairs",
 ]
 
@@ -205,6 +213,9 @@ class LakeBatchWriter:
     #: the indexed write (new files, deletion vectors from the key index, one commit) for
     #: changelogs and the mirrors of tables with a key; False: Delta's MERGE and append only
     indexed: bool = True
+    #: (table id, LSN) of the tables added after the initial copy: their copy holds what
+    #: committed before the LSN (``skip_copied``)
+    copied_at: tuple[tuple[str, int], ...] = ()
 
     def _paths(self, table: LakeTable) -> dict[TableKind, str]:
         layout = LakeLayout(LakePath.parse(self.lake).location)
@@ -226,7 +237,7 @@ class LakeBatchWriter:
         known = {t.table_id for t in self.tables}
         written: list[tuple[str, str]] = []  # (name, path), for maintenance after the batch
         worker = None if self.maintenance is None else worker_for(self.app_id, self.maintenance)
-        df = df.persist(cache_level())
+        df = skip_copied(df, self.copied_at).persist(cache_level())
         with contextlib.ExitStack() as stack:
             if worker is not None:  # no vacuum of short retention while the batch writes
                 stack.enter_context(worker.gate.batch())
@@ -284,7 +295,8 @@ class LakeBatchWriter:
             if unknown:
                 log.warning(
                     "batch %s has changes of tables the pipeline does not mirror (%s): "
-                    "ignored; mirror them with a new pipeline",
+                    "ignored (a table removed from [[tables]] leaves the publication; one "
+                    "added joins at the next start)",
                     batch_id,
                     ", ".join(unknown),
                 )
@@ -647,6 +659,24 @@ class _Commits:
         if os.getpgrp() == os.getpid():
             os.killpg(os.getpid(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def skip_copied(df: Any, copied_at: Sequence[tuple[str, int]]) -> Any:
+    """A batch's changes without those its added tables' copies hold: a change of a table
+    copied at LSN X (``copied_at``: the consistent point of the snapshot it was copied in) is
+    applied when its transaction's commit LSN is X or later, as PostgreSQL's subscriber applies
+    a table's changes once its sync is done at X (``should_apply_changes_for_rel``: statelsn
+    <= the commit's LSN). The snapshot exported at X holds exactly the transactions whose
+    commit record starts before X; the slot streams the others."""
+    if not copied_at:
+        return df
+    from pyspark.sql import functions as F
+
+    held = [
+        (F.col("_table_id") == F.lit(table_id)) & (F.col("_commit_lsn") < F.lit(lsn))
+        for table_id, lsn in copied_at
+    ]
+    return df.where(~functools.reduce(operator.or_, held))
 
 
 def overview_meta(batch_id: int, info: TableOverview) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 source, and the decision to resume the stream or to copy first.
 
 ``config_problems`` compares a lake's saved state with the configuration (``pgcdc run --check``
-and every start; creates nothing). ``start_point`` reads the slot and refuses what cannot be
+and every start; creates nothing); tables added or removed are not problems
+(``table_set`` follows them). ``start_point`` reads the slot and refuses what cannot be
 resumed, each refusal naming the fix: a lake whose slot ``pgcdc drop`` dropped, a slot without
 a lake state, a slot gone or invalidated, a publication dropped.
 """
@@ -65,39 +66,47 @@ def config_problems(
                 "or start a new lake",
             )
         )
-    wanted = tuple(sorted(t.table_id for t in plan.tables))
-    if state.snapshot_done and tuple(sorted(state.tables)) != wanted:
-        added = sorted(set(wanted) - set(state.tables))
-        removed = sorted(set(state.tables) - set(wanted))
-        what = []
-        if added:
-            what.append("adds " + ", ".join(added))
-        if removed:
-            what.append("removes " + ", ".join(removed))
-        problems.append(
-            (
-                "tables",
-                f"the configuration {' and '.join(what)} compared to the running pipeline; "
-                "changing the table set of a pipeline is not supported: restore the table "
-                "list, or mirror the new tables with a new pipeline (another slot, publication "
-                "and lake path)",
-            )
-        )
     if state.snapshot_done:
+        problems.extend(_unpublished(plan, state))
         problems.extend(_late_kinds(plan, layout, state))
     return problems
+
+
+def _unpublished(plan: SourcePlan, state: PipelineState) -> list[tuple[str, str]]:
+    """Tables the lake mirrors that the publication (one pgcdc created) no longer publishes:
+    someone dropped them from it, or dropped the tables. Their changes since are not in the
+    stream, so adding them back to the publication would leave a gap in their mirrors."""
+    gone = sorted(
+        table_id
+        for spec in plan.publication_add
+        if (table_id := f"{spec.schema or 'public'}.{spec.name}") in state.tables
+    )
+    if not gone:
+        return []
+    return [
+        (
+            "source.publication",
+            f"publication {state.publication!r} no longer publishes {', '.join(gone)}, which "
+            "the lake mirrors (it was dropped from the publication, or the table was dropped): "
+            "the changes made since are not in the stream. Fix: copy the table again: leave it "
+            "out of [[tables]] for one run and add it back",
+        )
+    ]
 
 
 def _late_kinds(
     plan: SourcePlan, layout: LakeLayout, state: PipelineState
 ) -> list[tuple[str, str]]:
-    """A history or changelog turned on after the initial copy: the copy writes every one the
+    """A history or changelog turned on after the table's copy: the copy writes every one the
     configuration asks for, so one missing after it would hold only the keys changed since
-    (the others never get a version: the history's current versions would not be the table)."""
+    (the others never get a version: the history's current versions would not be the table).
+    A table the lake does not mirror yet is copied with them all (``table_set``)."""
     from pgcdc.lake.target import DeltaTarget
 
     problems = []
     for table in plan.tables:
+        if table.table_id not in state.tables:
+            continue
         entry = table.config_key or ""
         # the kinds written when a query last started (states before this record: unknown)
         written = state.shapes.get(table.table_id, {}).get("kinds")
@@ -119,8 +128,9 @@ def _late_kinds(
             problems.append(
                 (
                     f"{entry}.{kind}" if entry.startswith("tables[") else f"lake.{kind}",
-                    f"{why}. Turn it off again, or copy the table anew with it: run a new "
-                    "pipeline (another slot, publication and lake path)",
+                    f"{why}. Turn it off again, or copy the table anew with it: leave the "
+                    "table out of [[tables]] for one run, then add it back (it is copied "
+                    "again, its lake tables replaced)",
                 )
             )
     return problems

@@ -16,7 +16,9 @@ expression), and CREATE PUBLICATION goes through the extended protocol, which ru
 statement. The filters the server prints for the publication are parsed and printed back the
 same way before any query uses them.
 
-``ensure_publication`` then creates the publication for real (first start only).
+``ensure_publication`` then creates the publication for real (first start), or makes the
+publication pgcdc created publish the tables the configuration adds or removes since
+(``plan_source(..., managed=True)``: ``ALTER PUBLICATION ... ADD TABLE`` / ``DROP TABLE``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pgcdc.replication import (
     ReplicationError,
     ReplicationPermissionError,
     RowFilterSQL,
+    alter_publication_tables,
     create_publication,
     publication_info,
     source_catalog,
@@ -131,6 +134,10 @@ class SourcePlan:
     publication_exists: bool
     publication_tables: tuple[PublicationTable, ...]  # what CREATE PUBLICATION lists
     via_partition_root: bool
+    #: what ensure_publication adds to and drops from the existing publication (one pgcdc
+    #: created: ``plan_source(..., managed=True)``) so that it publishes the configured tables
+    publication_add: tuple[PublicationTable, ...] = ()
+    publication_drop: tuple[PublicationTable, ...] = ()
 
     def table(self, table_id: str) -> LakeTable:
         for t in self.tables:
@@ -327,6 +334,28 @@ def _same_tables(a: PublicationInfo, b: PublicationInfo) -> bool:
     return norm(a) == norm(b) and a.via_partition_root == b.via_partition_root
 
 
+def _table_changes(
+    existing: PublicationInfo, wanted: PublicationInfo, specs: Sequence[PublicationTable]
+) -> tuple[tuple[PublicationTable, ...], tuple[PublicationTable, ...]] | None:
+    """The tables to add to and drop from the ``existing`` publication (a list of tables) so
+    that it publishes what ``wanted`` (the dry run of ``specs``) does; None when more than
+    whole tables differs (a kept table's row filter or columns, via_partition_root, a
+    publication of schemas or of all tables): that is not changed in place."""
+    if existing.all_tables or existing.schemas:
+        return None
+    if existing.via_partition_root != wanted.via_partition_root:
+        return None
+    before = {(t.schema, t.name): t for t in existing.tables}
+    after = {(t.schema, t.name): t for t in wanted.tables}
+    if any(before[key] != after[key] for key in before.keys() & after.keys()):
+        return None
+    listed = set(existing.listed_tables)
+    named = {(spec.schema or "public", spec.name) for spec in specs}
+    add = tuple(spec for spec in specs if (spec.schema or "public", spec.name) not in listed)
+    drop = tuple(PublicationTable(name, schema=schema) for schema, name in sorted(listed - named))
+    return add, drop
+
+
 def _published_as_configured(
     existing: PublicationInfo, specs: Sequence[PublicationTable], via_root: bool
 ) -> PublicationInfo:
@@ -392,22 +421,25 @@ def _select_problems(
     return problems
 
 
-def plan_source(dsn: str, config: PipelineConfig) -> SourcePlan:
+def plan_source(dsn: str, config: PipelineConfig, *, managed: bool = False) -> SourcePlan:
     """Resolve the configuration against the source database; creates nothing (one
-    transaction, always rolled back)."""
+    transaction, always rolled back). ``managed``: pgcdc created the existing publication
+    (the lake's state says so), so tables the configuration adds or removes since are
+    planned as changes to it (``SourcePlan.publication_add`` / ``publication_drop``) rather
+    than refused."""
     with (
         connect_sql(dsn, connect_timeout=config.source.connect_timeout) as conn,
         conn.transaction(force_rollback=True),
     ):
-        return _plan(conn, config)
+        return _plan(conn, config, managed)
 
 
-def _plan(conn: psycopg.Connection[Any], config: PipelineConfig) -> SourcePlan:
+def _plan(conn: psycopg.Connection[Any], config: PipelineConfig, managed: bool) -> SourcePlan:
     # a role without REPLICATION is told so whatever else stops the plan (a publication it
     # may not create, a table it may not read): fixing the others alone would not do
     role = _replication_problems(conn)
     try:
-        plan = _plan_tables(conn, config)
+        plan = _plan_tables(conn, config, managed)
     except ConfigError as exc:
         raise ConfigError([*role, *exc.problems], source=exc.source) from None
     if role:
@@ -415,7 +447,9 @@ def _plan(conn: psycopg.Connection[Any], config: PipelineConfig) -> SourcePlan:
     return plan
 
 
-def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> SourcePlan:
+def _plan_tables(
+    conn: psycopg.Connection[Any], config: PipelineConfig, managed: bool
+) -> SourcePlan:
     catalog = _catalog(conn)
     problems: list[tuple[str, str]] = []
     specs: list[PublicationTable] = []
@@ -487,8 +521,27 @@ def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> Sourc
     except ReplicationError as exc:
         raise ConfigError([("tables", f"PostgreSQL refuses the publication: {exc}")]) from None
     assert wanted is not None
+    changes: tuple[tuple[PublicationTable, ...], tuple[PublicationTable, ...]] = ((), ())
     if existing is not None:
-        if not _same_tables(existing, wanted):
+        differs = not _same_tables(existing, wanted)
+        changed = _table_changes(existing, wanted, specs) if differs and managed else None
+        if changed is not None:
+            changes = changed
+        elif differs and managed:
+            raise ConfigError(
+                [
+                    (
+                        "tables",
+                        f"publication {name!r} (pgcdc created it) publishes other row filters "
+                        "or via_partition_root for the tables it keeps than [[tables]] asks "
+                        "for: the pipeline follows tables added and removed, not a filter "
+                        "changed under a mirror (which holds the rows of the old one). Restore "
+                        "the filter; or remove the table from [[tables]] for one run and add it "
+                        "back with the new filter (it is copied again)",
+                    )
+                ]
+            )
+        elif differs:
             raise ConfigError(
                 [
                     (
@@ -515,7 +568,8 @@ def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> Sourc
             log.warning(
                 "publication %s does not publish TRUNCATE: truncates are not mirrored", name
             )
-        wanted = existing
+        if changed is None:
+            wanted = existing
     lake_tables: list[LakeTable] = []
     source_tables: list[SourceTable] = []
     used: set[tuple[int, str]] = set()  # (entry, column) of text_columns found in a table
@@ -604,6 +658,8 @@ def _plan_tables(conn: psycopg.Connection[Any], config: PipelineConfig) -> Sourc
         publication_exists=existing is not None,
         publication_tables=tuple(specs),
         via_partition_root=config.source.via_partition_root,
+        publication_add=changes[0],
+        publication_drop=changes[1],
     )
 
 
@@ -692,8 +748,8 @@ def _unknown_value(table: LakeTable, name: str, unknown: source_catalog.UnknownV
         )
         avoid = "let pgcdc apply an ADD COLUMN before changing the column's type"
     return PipelineError(
-        f"{what}. Fix: copy the table again: run a new pipeline (another slot, publication and "
-        "lake path), or `pgcdc drop` this one, move its lake away and run again; to avoid it, "
+        f"{what}. Fix: copy the table again: leave it out of [[tables]] for one run and add it "
+        "back (it is copied anew; the other tables are not touched); to avoid it, "
         f"{avoid}"
     )
 
@@ -705,8 +761,15 @@ def source_columns(dsn: str, table: LakeTable) -> dict[str, int]:
 
 
 def ensure_publication(dsn: str, config: PipelineConfig, plan: SourcePlan) -> bool:
-    """Create the planned publication unless it already exists; whether it was created."""
+    """Create the planned publication unless it already exists, else add and drop the tables
+    the plan changes in it (one transaction); whether it was created."""
     if plan.publication_exists:
+        alter_publication_tables(
+            dsn,
+            config.source.publication,
+            add=plan.publication_add,
+            drop=plan.publication_drop,
+        )
         return False
     create_publication(
         dsn,

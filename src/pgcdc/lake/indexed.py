@@ -744,6 +744,13 @@ def _follow(
     return tuple(added.values()), removed
 
 
+def forget_index(path: str) -> None:
+    """Drop the index this process keeps of the Delta table at ``path`` (it was removed: a
+    table created there again starts its versions anew)."""
+    with _INDEXES_LOCK:
+        _INDEXES.pop(str(path), None)
+
+
 def forget_indexes() -> None:
     """Drop the indexes this process keeps (tests: another process wrote the tables)."""
     with _INDEXES_LOCK:

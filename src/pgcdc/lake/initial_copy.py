@@ -4,35 +4,82 @@ its new slot exports, written as the lake's first Delta commits (``snapshot.writ
 Its state is saved at each step (generation, consistent point, done), so a start that finds an
 unfinished copy drops the slot and copies again as the next generation. A table whose columns
 change while the copy runs fails it with ``pgcdc.spark.CopyAgain``: the copy is taken again
-with a new snapshot and a new plan, at most ``MAX_COPY_ATTEMPTS`` times in one run.
+with a new snapshot and a new plan, at most ``MAX_COPY_ATTEMPTS`` times in one run
+(``copy_attempts``).
+
+``copy_in_snapshot``, ``shapes_at`` and ``build_indexes`` are the copy itself, in an exported
+snapshot of any slot: the tables added to a running pipeline are copied by them too, in the
+snapshot of a temporary slot (``pgcdc.lake.table_set``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pgcdc.lake.batch import table_column_pairs
 from pgcdc.lake.bootstrap import server_identity
-from pgcdc.lake.catalog import SourcePlan, ensure_publication, plan_source
+from pgcdc.lake.catalog import SourcePlan, ensure_publication
 from pgcdc.lake.failures import PipelineError, diagnose
-from pgcdc.lake.snapshot import remove_tables, write_snapshot
+from pgcdc.lake.snapshot import SnapshotResult, remove_tables, write_snapshot
 from pgcdc.lake.state import PipelineState, load_state, save_state
-from pgcdc.lake.tables import text_columns_option
+from pgcdc.lake.tables import LakeLayout, LakeTable, text_columns_option
 from pgcdc.lsn import Lsn
-from pgcdc.replication import create_slot_with_snapshot, drop_slot, scrub_secrets, slot_info
+from pgcdc.replication import (
+    ExportedSnapshot,
+    create_slot_with_snapshot,
+    drop_slot,
+    scrub_secrets,
+    slot_info,
+)
 
 if TYPE_CHECKING:
     from pgcdc.lake.pipeline import Pipeline, RunResult
 
-__all__ = ["MAX_COPY_ATTEMPTS", "InitialCopy"]
+__all__ = [
+    "MAX_COPY_ATTEMPTS",
+    "InitialCopy",
+    "build_indexes",
+    "copy_attempts",
+    "copy_in_snapshot",
+    "shapes_at",
+]
 
 log = logging.getLogger("pgcdc.lake")
 
 #: Initial copies started in one run when tables keep being rewritten under them.
 MAX_COPY_ATTEMPTS = 3
+
+_T = TypeVar("_T")
+
+
+def copy_attempts(copy: Callable[[], _T], again: Callable[[int], None], what: str) -> _T:
+    """``copy()``, again (after ``again(attempt)``: a new plan) while it fails because a table
+    changed its columns while it ran (``pgcdc.spark.CopyAgain``), at most
+    ``MAX_COPY_ATTEMPTS`` times in all; ``what`` names the copy in the log."""
+    from pgcdc.spark.errors import CopyAgain, raised_as
+
+    attempt = 1
+    while True:
+        try:
+            return copy()
+        except PipelineError as exc:
+            raised = raised_as(exc)
+            if attempt >= MAX_COPY_ATTEMPTS or raised is None or not issubclass(raised, CopyAgain):
+                raise
+            attempt += 1
+            log.warning(
+                "a table changed its columns during %s: copying again with a new snapshot "
+                "(attempt %s of %s)",
+                what,
+                attempt,
+                MAX_COPY_ATTEMPTS,
+                extra={"attempt": attempt},
+            )
+            again(attempt)
 
 
 class InitialCopy:
@@ -57,31 +104,16 @@ class InitialCopy:
     ) -> PipelineState:
         """The initial copy; copied again (a new snapshot, a new plan) when a table changed its
         columns while it ran, at most ``MAX_COPY_ATTEMPTS`` times."""
-        from pgcdc.spark.errors import CopyAgain, raised_as
 
-        attempt = 1
-        while True:
-            try:
-                return self._copy(plan, previous, slot_exists, result)
-            except PipelineError as exc:
-                raised = raised_as(exc)
-                if (
-                    attempt >= MAX_COPY_ATTEMPTS
-                    or raised is None
-                    or not issubclass(raised, CopyAgain)
-                ):
-                    raise
-                attempt += 1
-                log.warning(
-                    "a table changed its columns during the initial copy: copying again with a "
-                    "new snapshot (attempt %s of %s)",
-                    attempt,
-                    MAX_COPY_ATTEMPTS,
-                    extra={"attempt": attempt},
-                )
-                plan = self.pipeline.plan = plan_source(self.dsn, self.config)  # new columns
-                previous = load_state(self.layout)
-                slot_exists = slot_info(self.dsn, self.config.source.slot) is not None
+        def again(_attempt: int) -> None:
+            nonlocal plan, previous, slot_exists
+            plan = self.pipeline.plan = self.pipeline.replan()  # new columns
+            previous = load_state(self.layout)
+            slot_exists = slot_info(self.dsn, self.config.source.slot) is not None
+
+        return copy_attempts(
+            lambda: self._copy(plan, previous, slot_exists, result), again, "the initial copy"
+        )
 
     def _copy(
         self,
@@ -130,8 +162,6 @@ class InitialCopy:
                 extra={"publication": source.publication},
             )
         started = time.monotonic()
-        from pgcdc.spark import snapshot_options, snapshot_reader
-
         with create_slot_with_snapshot(
             dsn, source.slot, connect_timeout=source.connect_timeout
         ) as exported:
@@ -139,7 +169,7 @@ class InitialCopy:
             state = state.evolve(
                 consistent_point=str(exported.consistent_point),
                 snapshot_started_at=started_at.isoformat(),
-                shapes=_shapes_at(dsn, exported.snapshot_name, plan),
+                shapes=shapes_at(dsn, exported.snapshot_name, plan.tables),
             )
             save_state(self.layout, state)
             log.info(
@@ -154,43 +184,19 @@ class InitialCopy:
                     "generation": state.generation,
                 },
             )
-            self.observer.snapshot_started(len(plan.tables), Lsn(exported.consistent_point))
-            options: dict[str, Any] = {}
-            partitions = self.config.stream.snapshot_partitions_per_table
-            if partitions is not None:
-                options["partitionsPerTable"] = partitions
-            texts = text_columns_option(plan.tables)
-            if texts:
-                options["textColumns"] = texts
-            try:
-                reader = snapshot_reader(
-                    snapshot_options(
-                        dsn, exported=exported, publications=[source.publication], **options
-                    )
-                )
-                snapshot = write_snapshot(
-                    spark,
-                    reader,
-                    self.layout,
-                    plan.tables,
-                    dict(table_column_pairs(plan.tables)),
-                    consistent_point=Lsn(exported.consistent_point),
-                    started_at=started_at,
-                    app_id=state.snapshot_app_id,
-                    generation=state.generation,
-                    on_progress=self.observer.snapshot_progress,
-                    fence=self.pipeline.lease.check,
-                )
-            except Exception as exc:
-                found = diagnose(exc, str(self.layout.root))
-                fix = f". Fix: {found.fix}" if found.fix else ""
-                raise PipelineError(
-                    f"the initial copy failed: {scrub_secrets(found.cause)}; the next start "
-                    f"copies everything again{fix}"
-                ) from exc
+            snapshot = copy_in_snapshot(
+                self.pipeline,
+                exported,
+                plan.tables,
+                started_at=started_at,
+                app_id=state.snapshot_app_id,
+                version=state.generation,
+                failed="the initial copy failed",
+                again="the next start copies everything again",
+            )
         state = state.evolve(snapshot_done=True, snapshot_rows=dict(snapshot.rows))
         save_state(self.layout, state)
-        self._build_indexes(spark, plan)
+        build_indexes(spark, self.layout, plan.tables)
         result.snapshot_rows = dict(snapshot.rows)
         result.snapshot_seconds = time.monotonic() - started
         log.info(
@@ -208,29 +214,86 @@ class InitialCopy:
         self.observer.snapshot_finished(sum(snapshot.rows.values()), result.snapshot_seconds)
         return state
 
-    def _build_indexes(self, spark: Any, plan: SourcePlan) -> None:
-        """The key indexes of the copied mirrors (``pgcdc.lake.indexed``), built now, by one
-        Spark job for all, so that the first batch does not build them. A failure is logged:
-        the first batch that needs an index builds it."""
-        from pgcdc.lake.deltalog import TableLog
-        from pgcdc.lake.indexed import IndexWanted, index_folder, mirror_indexes
 
-        wanted = []
-        for table in plan.tables:
-            if table.multiset:
-                continue
-            log_ = TableLog(spark, str(table.path(self.layout, "mirror")))
-            folder = index_folder(self.layout, table, "mirror")
-            wanted.append(IndexWanted(log_, log_.snapshot(), tuple(table.row_keys), folder))
-        if not wanted:
-            return
-        try:
-            mirror_indexes(spark, wanted)
-        except Exception as exc:  # the first batch builds what is missing
-            log.warning("the key indexes were not built after the copy (%s): %s", type(exc), exc)
+def copy_in_snapshot(
+    pipeline: Pipeline,
+    exported: ExportedSnapshot,
+    tables: Sequence[LakeTable],
+    *,
+    started_at: datetime,
+    app_id: str,
+    version: int,
+    failed: str,
+    again: str,
+) -> SnapshotResult:
+    """Copy ``tables`` (as the pipeline's publication publishes them: row filters, columns)
+    inside ``exported``'s snapshot into their Delta tables, created now
+    (``snapshot.write_snapshot``), each one commit tagged ``(app_id, version)``; the
+    pipeline's observer hears of it. A failure is a ``PipelineError`` saying ``failed``, the
+    cause and ``again`` (what the next start does)."""
+    from pgcdc.spark import snapshot_options, snapshot_reader
+
+    config = pipeline.config
+    dsn = pipeline.dsn
+    layout = pipeline.layout
+    observer = pipeline.observer
+    observer.snapshot_started(len(tables), Lsn(exported.consistent_point))
+    options: dict[str, Any] = {}
+    partitions = config.stream.snapshot_partitions_per_table
+    if partitions is not None:
+        options["partitionsPerTable"] = partitions
+    texts = text_columns_option(tables)
+    if texts:
+        options["textColumns"] = texts
+    try:
+        reader = snapshot_reader(
+            snapshot_options(
+                dsn, exported=exported, publications=[config.source.publication], **options
+            ),
+            only=[t.table_id for t in tables],
+        )
+        return write_snapshot(
+            pipeline.spark(),
+            reader,
+            layout,
+            tables,
+            dict(table_column_pairs(tables)),
+            consistent_point=Lsn(exported.consistent_point),
+            started_at=started_at,
+            app_id=app_id,
+            generation=version,
+            on_progress=observer.snapshot_progress,
+            fence=pipeline.lease.check,
+        )
+    except Exception as exc:
+        found = diagnose(exc, str(layout.root))
+        fix = f". Fix: {found.fix}" if found.fix else ""
+        raise PipelineError(f"{failed}: {scrub_secrets(found.cause)}; {again}{fix}") from exc
 
 
-def _shapes_at(dsn: str, snapshot: str, plan: SourcePlan) -> dict[str, dict[str, Any]]:
+def build_indexes(spark: Any, layout: LakeLayout, tables: Sequence[LakeTable]) -> None:
+    """The key indexes of the copied mirrors (``pgcdc.lake.indexed``), built now, by one
+    Spark job for all, so that the first batch does not build them. A failure is logged:
+    the first batch that needs an index builds it."""
+    from pgcdc.lake.deltalog import TableLog
+    from pgcdc.lake.indexed import IndexWanted, index_folder, mirror_indexes
+
+    wanted = []
+    for table in tables:
+        if table.multiset:
+            continue
+        log_ = TableLog(spark, str(table.path(layout, "mirror")))
+        folder = index_folder(layout, table, "mirror")
+        wanted.append(IndexWanted(log_, log_.snapshot(), tuple(table.row_keys), folder))
+    if not wanted:
+        return
+    try:
+        mirror_indexes(spark, wanted)
+    except Exception as exc:  # the first batch builds what is missing
+        log.warning("the key indexes were not built after the copy (%s): %s", type(exc), exc)
+
+
+def shapes_at(dsn: str, snapshot: str, tables: Sequence[LakeTable]) -> dict[str, dict[str, Any]]:
     """The tables' shapes as the exported snapshot sees the catalog: the baseline the stream
     compares with (``pgcdc.lake.shape``), so that DDL made while the copy runs is a change to
     judge, not the baseline."""
@@ -245,7 +308,7 @@ def _shapes_at(dsn: str, snapshot: str, plan: SourcePlan) -> dict[str, dict[str,
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
         shapes = {
             table.table_id: recorded_shape(table, shape)
-            for table in plan.tables
+            for table in tables
             if (shape := source_catalog.table_shape(conn, table.schema, table.name)) is not None
         }
         conn.execute("COMMIT")

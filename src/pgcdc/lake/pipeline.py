@@ -14,7 +14,10 @@ First start (no state under ``<lake>/_pgcdc``):
    released, and the state saved with ``snapshot_done``;
 4. the stream starts at the slot's consistent point.
 
-Later starts resume the stream from its checkpoint (``<lake>/_pgcdc/checkpoint-<generation>``):
+Later starts first follow the configuration's table set (``table_set``): tables added since
+are copied in a temporary slot's snapshot and join the stream from that snapshot's LSN on,
+tables removed leave the publication (their lake tables are kept). Then they resume the
+stream from its checkpoint (``<lake>/_pgcdc/checkpoint-<generation>``):
 batches Spark planned but did not commit are read again and skipped where the lake already has
 them (Delta application transactions). A start that finds an unfinished snapshot drops the slot
 and copies again (the next generation). The stream runs with ``foreachBatch``
@@ -85,6 +88,7 @@ from pgcdc.lake.shape import recorded_shape, shape_problem
 from pgcdc.lake.state import PipelineState, load_state, run_lock, save_state
 from pgcdc.lake.storage import Lease
 from pgcdc.lake.stream_runner import StreamRunner
+from pgcdc.lake.table_set import TableChanges, TableSet, table_changes
 from pgcdc.lake.tables import MIRROR_COLUMNS, LakeLayout
 from pgcdc.metrics import PipelineMetrics
 from pgcdc.replication import Heartbeat, scrub_secrets, source_catalog
@@ -149,6 +153,10 @@ class RunResult:
     changes: int = 0
     restarts: int = 0
     resumed: bool = False
+    #: rows copied of each table added to the pipeline by this run
+    added_rows: dict[str, int] = field(default_factory=dict)
+    #: the tables this run stopped mirroring (removed from the configuration)
+    removed: tuple[str, ...] = ()
 
 
 def kill_point() -> KillAt | None:
@@ -213,6 +221,8 @@ class Pipeline:
         self.stopping = threading.Event()
         self.state: PipelineState | None = None
         self.plan: SourcePlan | None = None
+        #: how the configured tables differ from the lake's (``check``)
+        self.changes = TableChanges()
         self.restarts = 0  # queries restarted for schema changes
         #: the lake held by this run (checked before each write; a no-op outside a run)
         self.lease = Lease()
@@ -250,7 +260,8 @@ class Pipeline:
             missing = s3_jars_missing()
             if missing is not None:
                 raise PipelineError(missing)
-        plan = plan_source(self.dsn, self.config)
+        state = load_state(self.layout)
+        plan = self.replan(state)
         catalog = self.config.catalog
         if catalog is not None:
             names = registrations(catalog, self.layout, plan.tables)
@@ -258,14 +269,23 @@ class Pipeline:
             problems = name_problems(names, session_catalog=session)
             if problems:
                 raise ConfigError(problems)
-        state = load_state(self.layout)
         if state is not None:
             problems = config_problems(state, self.config, plan, server_identity(self.dsn))
             if problems:
                 raise ConfigError(problems)
         self.state = state
         self.plan = plan
+        self.changes = TableChanges() if state is None else table_changes(state, plan)
         return plan
+
+    def replan(self, state: PipelineState | None = None) -> SourcePlan:
+        """The configuration planned against the source now (``catalog.plan_source``); tables
+        added or removed since are planned as changes to the publication when pgcdc created it
+        (the lake's state, ``state`` or the one saved, says so)."""
+        if state is None:
+            state = load_state(self.layout)
+        managed = state is not None and state.publication_created
+        return plan_source(self.dsn, self.config, managed=managed)
 
     def drop_gone_columns(self) -> None:
         """Remove from the mirrors the columns their source tables no longer have.
@@ -305,7 +325,7 @@ class Pipeline:
         unplanned: ConfigError | None = None
         if replan:
             try:
-                plan = plan_source(self.dsn, self.config)
+                plan = self.replan()
             except ConfigError as exc:  # e.g. a table renamed away, or its key gone
                 unplanned = exc
             else:
@@ -313,12 +333,12 @@ class Pipeline:
         state = load_state(self.layout) or self.state
         if plan is None or state is None:
             return {}
+        # the tables the lake mirrors: one added since the run started joins at the next
+        mirrored = [t for t in plan.tables if t.table_id in state.tables]
         with connect_sql(self.dsn) as conn:
-            now = {
-                t.table_id: source_catalog.table_shape(conn, t.schema, t.name) for t in plan.tables
-            }
+            now = {t.table_id: source_catalog.table_shape(conn, t.schema, t.name) for t in mirrored}
         problems = []
-        for table in plan.tables:
+        for table in mirrored:
             before = state.shapes.get(table.table_id)
             if before is None and table.table_id in state.columns:  # a state from before shapes
                 numbers = state.columns[table.table_id]
@@ -335,13 +355,13 @@ class Pipeline:
             raise PipelineError(
                 f"{'; '.join(problems)}: the lake cannot follow that, its rows no longer "
                 "match what the stream changes. Nothing after it was written. Fix: copy the "
-                "table again: run a new pipeline (another slot, publication and lake path), or "
-                "`pgcdc drop` this one, move its lake away and run again"
+                "table again: leave it out of [[tables]] for one run and add it back (it is "
+                "copied anew; the other tables are not touched)"
             )
         found = {table_id: shape for table_id, shape in now.items() if shape is not None}
         shapes = {
             t.table_id: recorded_shape(t, found[t.table_id])
-            for t in plan.tables
+            for t in mirrored
             if t.table_id in found
         }
         if shapes != {t: state.shapes.get(t) for t in shapes}:
@@ -414,6 +434,7 @@ class Pipeline:
             if start.resume:
                 result.resumed = True
                 assert self.state is not None
+                self.state = TableSet(self).apply(plan, self.state, result)
             else:
                 self.state = InitialCopy(self).run(plan, self.state, start.slot_exists, result)
             StreamRunner(self).run(

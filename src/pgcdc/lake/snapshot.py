@@ -142,15 +142,22 @@ def snapshot_rows(
 def remove_tables(
     layout: LakeLayout, tables: Sequence[LakeTable], fence: Callable[[], None] | None = None
 ) -> None:
-    """Remove the Delta tables of an unfinished snapshot (their folders). ``fence`` raises
-    when this process may no longer write the lake: called before anything is removed."""
+    """Remove the Delta tables of an unfinished snapshot, or of a table about to be copied
+    again (their folders, and their key indexes: a table created there again starts its
+    versions anew). ``fence`` raises when this process may no longer write the lake: called
+    before anything is removed."""
+    from pgcdc.lake.indexed import forget_index, index_folder
+
     if fence is not None:
         fence()
     for table in tables:
         kinds: tuple[TableKind, ...] = ("mirror", "history", "changelog")
         for kind in kinds:
-            if table.path(layout, kind).remove_tree():
-                log.info("removed %s %s of an unfinished snapshot", table.table_id, kind)
+            path = table.path(layout, kind)
+            forget_index(str(path))
+            index_folder(layout, table, kind).remove_tree()
+            if path.remove_tree():
+                log.info("removed %s %s of an unfinished copy", table.table_id, kind)
 
 
 def _remove_after(

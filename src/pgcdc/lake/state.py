@@ -12,6 +12,14 @@ such a one; state files written before this field existed read as False: keep it
 start (the changes since the slot's position are gone), instead of copying everything again
 into a lake that still holds the old tables; moving the lake away starts over.
 
+``phases`` records the tables that joined or left the pipeline after its initial copy
+(``TablePhase``; ``pgcdc.lake.table_set``): a table added to the configuration is ``copying``
+(saved before anything of its copy is created, so that a start that finds it so removes what
+the copy left and copies it again), then ``streaming`` from the LSN its copy was taken at
+(``copied_at``: the stream applies its changes committed at or after it); a table removed from
+the configuration is ``removed`` (its Delta tables are kept, no longer written). ``tables``
+lists the tables the stream writes: the initial copy's and the added ones once copied.
+
 ``shapes`` records each table's shape (``pgcdc.lake.shape``) when a query starts. ``columns``
 (column numbers only) is what states written before shapes kept: read as their baseline, and
 no longer written.
@@ -45,7 +53,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pgcdc.errors import PgcdcError
 from pgcdc.lake.storage import LakeLocation, LakePath, Lease, StorageError, StoreConflict
@@ -58,12 +66,14 @@ __all__ = [
     "FailureNote",
     "PipelineState",
     "StateError",
+    "TablePhase",
     "batch_offset",
     "check_writable",
     "committed_batch",
     "load_failure_note",
     "load_state",
     "note_folders",
+    "now",
     "planned_batch",
     "remove_failure_notes",
     "remove_torn_writes",
@@ -74,16 +84,24 @@ __all__ = [
 
 log = logging.getLogger("pgcdc.lake")
 
-#: 2: the lake's tables are written by Delta's Spark connector (deletion vectors, column
-#: mapping); 1 was delta-rs's copy-on-write tables, which this version does not write to
-STATE_FORMAT = 2
+#: 3: ``phases`` (tables added or removed after the initial copy); 2: the lake's tables are
+#: written by Delta's Spark connector (deletion vectors, column mapping); 1 was delta-rs's
+#: copy-on-write tables, which this version does not write to. A format 2 state reads as one
+#: without phases (and is written as 3 from then on: an older pgcdc then refuses it by name)
+STATE_FORMAT = 3
+#: the formats this version reads
+READABLE_FORMATS = (2, 3)
+
+#: ``TablePhase.phase``: being copied, streamed since its copy, left the configuration
+TablePhaseName = Literal["copying", "streaming", "removed"]
 
 
 class StateError(PgcdcError, RuntimeError):
     """The lake's state file is unreadable or belongs to something else."""
 
 
-def _now() -> str:
+def now() -> str:
+    """The time now as the state records it (UTC, ISO 8601, to the second)."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
@@ -104,6 +122,25 @@ class BatchFailure:
     attempts: int = 1
     cause: str | None = None
     fix: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TablePhase:
+    """Where a table that joined or left the pipeline after its initial copy is (see the
+    module doc): its ``phase`` since ``since``; its schema and name (its lake paths, which
+    ``schema.table`` alone does not tell when a name holds a dot); the copy ``attempt`` (1, 2,
+    ... : the Delta application transaction version of its copy's commits); once copied, the
+    consistent point of its copy's snapshot (``copied_at``, "X/XXXXXXXX"), when the copy
+    started (the time of its rows in the lake) and the rows it copied."""
+
+    phase: TablePhaseName
+    schema: str
+    name: str
+    attempt: int = 1
+    since: str = field(default_factory=now)
+    copied_at: str | None = None
+    copy_started_at: str | None = None
+    rows: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +165,10 @@ class PipelineState:
     #: table id -> what the lake follows it by, as when a query last started (``shape.py``):
     #: {"oid": int, "keys": [...], "multiset": bool, "columns": {name: [attnum, type, typmod]}}
     shapes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    created_at: str = field(default_factory=_now)
-    updated_at: str = field(default_factory=_now)
+    #: table id -> its phase, for the tables added or removed after the initial copy
+    phases: dict[str, TablePhase] = field(default_factory=dict)
+    created_at: str = field(default_factory=now)
+    updated_at: str = field(default_factory=now)
     format: int = STATE_FORMAT
 
     @classmethod
@@ -161,11 +200,25 @@ class PipelineState:
         """The Delta application id of the snapshot's commits (its version: the generation)."""
         return f"pgcdc-{self.pipeline_id}-snapshot"
 
+    @property
+    def added_app_id(self) -> str:
+        """The Delta application id of an added table's copy (its version: the attempt)."""
+        return f"pgcdc-{self.pipeline_id}-added"
+
+    def copied_at(self) -> dict[str, str]:
+        """The tables added after the initial copy and streamed since, with the LSN their copy
+        was taken at: the stream applies their changes committed at or after it."""
+        return {
+            table_id: phase.copied_at
+            for table_id, phase in self.phases.items()
+            if phase.phase == "streaming" and phase.copied_at is not None
+        }
+
     def checkpoint(self, layout: LakeLayout) -> LakePath:
         return layout.checkpoint_dir(self.generation)
 
     def evolve(self, **changes: Any) -> PipelineState:
-        return replace(self, updated_at=_now(), **changes)
+        return replace(self, updated_at=now(), **changes)
 
     def failure_standing(self, layout: LakeLayout) -> BatchFailure | None:
         """``last_failure``, unless the checkpoint committed that batch since (a run that
@@ -296,12 +349,17 @@ def load_state(layout: LakeLayout) -> PipelineState | None:
                 "connector from its first commit on. Move the lake away (or point lake.path at "
                 "a new folder) and run again to copy everything into a new lake"
             )
-        if data.get("format") != STATE_FORMAT:
+        if data.get("format") not in READABLE_FORMATS:
             raise StateError(
                 f"{path} has state format {data.get('format')!r}, this pgcdc reads "
-                f"{STATE_FORMAT}: use the pgcdc version that wrote it"
+                f"{' and '.join(map(str, READABLE_FORMATS))}: use the pgcdc version that "
+                "wrote it"
             )
+        data["format"] = STATE_FORMAT
         data["tables"] = tuple(data["tables"])
+        data["phases"] = {
+            table_id: TablePhase(**phase) for table_id, phase in data.get("phases", {}).items()
+        }
         if data.get("last_failure") is not None:
             data["last_failure"] = BatchFailure(**data["last_failure"])
         return PipelineState(**data)

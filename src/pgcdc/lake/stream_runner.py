@@ -27,6 +27,7 @@ from pgcdc.lake.maintenance import worker_for
 from pgcdc.lake.monitor import BatchEvents, SlotMonitor
 from pgcdc.lake.state import PipelineState, remove_torn_writes
 from pgcdc.lake.tables import text_columns_option
+from pgcdc.lsn import Lsn
 from pgcdc.replication import Heartbeat, SlotHealth, scrub_secrets
 
 if TYPE_CHECKING:
@@ -143,6 +144,10 @@ class StreamRunner:
             maintenance=self.config.lake.maintenance(),
             fence=pipeline.lease.check,
             indexed=self.config.lake.write == "indexed",
+            copied_at=tuple(
+                (table_id, int(Lsn.parse(lsn)))
+                for table_id, lsn in sorted(state.copied_at().items())
+            ),
         )
         pipeline.drop_gone_columns()
         options: dict[str, Any] = {}
@@ -156,13 +161,16 @@ class StreamRunner:
         pause = Path(tempfile.gettempdir()) / f"pgcdc-pause-{uuid.uuid4().hex}"
         options["pauseFile"] = str(pause)
         current = plan
+        mirrored = {t.table_id for t in plan.tables}
         restarts = 0
         while not pipeline.stopping.is_set():
             if restarts:  # a schema change: the first start checked in drop_gone_columns
                 pipeline.check_shapes(replan=True)
                 # a pattern entry's text_columns may name a column a table gained since
                 current = pipeline.plan or plan
-            texts = text_columns_option(current.tables)
+            # of the tables the writer mirrors: a table a replan found since joins at the
+            # next start, and the source refuses text columns of a table it does not read
+            texts = text_columns_option(t for t in current.tables if t.table_id in mirrored)
             if texts:
                 options["textColumns"] = texts
             else:

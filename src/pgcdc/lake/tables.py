@@ -160,6 +160,19 @@ class LakeLayout:
     def checkpoint_dir(self, generation: int) -> LakePath:
         return self.state_dir / f"checkpoint-{generation}"
 
+    def split_table_id(self, table_id: str) -> tuple[str, str]:
+        """The schema and name of a ``schema.table`` id (the state's), as the lake's folders
+        tell: a schema or name may hold dots, so the split whose mirror exists (a Delta log),
+        else the first dot (no dot: ``public``)."""
+        splits = [i for i, ch in enumerate(table_id) if ch == "."]
+        for i in splits:
+            schema, name = table_id[:i], table_id[i + 1 :]
+            if (self.table_path(schema, name) / "_delta_log").is_dir():
+                return schema, name
+        if not splits:
+            return "public", table_id
+        return table_id[: splits[0]], table_id[splits[0] + 1 :]
+
     def table_path(self, schema: str, table: str, kind: TableKind = "mirror") -> LakePath:
         base = self.root / encode_name(schema) / encode_name(table)
         if kind == "mirror":

@@ -5,7 +5,8 @@
   reconnects; ``SqlSlotReader`` reads the same stream through the SQL interface. Both yield
   ``WalData``, ``Idle`` and ``Reconnected`` events and take ``confirm(lsn)``.
 * ``create_slot`` / ``create_slot_with_snapshot`` / ``drop_slot`` / ``slot_info`` manage slots;
-  ``create_publication`` / ``drop_publication`` / ``publication_info`` manage publications.
+  ``create_publication`` / ``alter_publication_tables`` / ``drop_publication`` /
+  ``publication_info`` manage publications.
 * ``copy.CopyConnection`` reads a ``COPY ... TO STDOUT`` (the initial copy's tables) through a
   callback that psycopg2's C loop calls for every row.
 * Every failure is a ``ReplicationError`` subclass naming the cause and the fix.
@@ -43,6 +44,7 @@ from pgcdc.replication.publication import (
     PublicationTable,
     PublishedTable,
     RowFilterSQL,
+    alter_publication_tables,
     check_publication_name,
     create_publication,
     drop_publication,
@@ -96,6 +98,7 @@ __all__ = [
     "StreamOptions",
     "UnsupportedOptionError",
     "WalData",
+    "alter_publication_tables",
     "check_publication_name",
     "create_publication",
     "create_slot",

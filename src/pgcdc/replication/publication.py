@@ -1,7 +1,8 @@
 """Publications: which tables (and which rows and columns of them) a slot's stream carries.
 
 ``create_publication`` covers the three kinds (a list of tables, ``FOR ALL TABLES``,
-``FOR TABLES IN SCHEMA``) and the publish options. Each listed table may carry a row filter
+``FOR TABLES IN SCHEMA``) and the publish options; ``alter_publication_tables`` adds tables to
+a list and drops tables from it. Each listed table may carry a row filter
 (``WHERE`` expression) and a column list (PostgreSQL 15+). ``publication_info`` reads back what a
 publication covers, with each table's effective columns and row filter.
 
@@ -18,7 +19,7 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import psycopg
 from psycopg import sql
@@ -38,6 +39,7 @@ __all__ = [
     "PublishOperation",
     "PublishedTable",
     "RowFilterSQL",
+    "alter_publication_tables",
     "check_publication_name",
     "create_publication",
     "drop_publication",
@@ -202,15 +204,7 @@ def create_publication(
             )
         ops = [op for op in _PUBLISH_ORDER if op in wanted]
     with sql_connection(target) as conn:
-        major = conn.info.server_version // 10000
-        if major < 15 and (
-            schema_list or any(t.where is not None or t.columns is not None for t in specs)
-        ):
-            raise UnsupportedOptionError(
-                f"row filters, column lists and TABLES IN SCHEMA need PostgreSQL 15 or later; "
-                f"{server_name(conn)} runs {major}",
-                "publish whole tables on this server",
-            )
+        _check_server_takes(conn, specs, bool(schema_list))
         if all_tables:
             what: sql.Composable = sql.SQL("FOR ALL TABLES")
         else:
@@ -239,9 +233,7 @@ def create_publication(
         if with_options:
             query = sql.SQL("{} WITH ({})").format(query, sql.SQL(", ").join(with_options))
         try:
-            # binary: the extended query protocol, in which the server runs exactly one
-            # statement (a second one is an error, not executed): a second line of defence
-            conn.execute(query, binary=True)
+            _execute(conn, query)
         except psycopg.errors.DuplicateObject:
             raise PublicationExistsError(
                 f"publication {name!r} already exists on {server_name(conn)}",
@@ -255,6 +247,74 @@ def create_publication(
         len(specs),
         len(schema_list),
         all_tables,
+    )
+
+
+def _check_server_takes(
+    conn: psycopg.Connection[Any], specs: Sequence[PublicationTable], schemas: bool
+) -> None:
+    """Refuse what the server's version cannot publish, naming it."""
+    major = conn.info.server_version // 10000
+    if major < 15 and (schemas or any(t.where is not None or t.columns is not None for t in specs)):
+        raise UnsupportedOptionError(
+            f"row filters, column lists and TABLES IN SCHEMA need PostgreSQL 15 or later; "
+            f"{server_name(conn)} runs {major}",
+            "publish whole tables on this server",
+        )
+
+
+def _execute(conn: psycopg.Connection[Any], query: sql.Composed) -> None:
+    # binary: the extended query protocol, in which the server runs exactly one statement (a
+    # second one is an error, not executed): a second line of defence
+    conn.execute(query, binary=True)
+
+
+def alter_publication_tables(
+    target: Connectable,
+    name: str,
+    *,
+    add: Sequence[TableSpec] = (),
+    drop: Sequence[TableSpec] = (),
+) -> None:
+    """``ALTER PUBLICATION ... ADD TABLE`` (each table with its row filter and column list)
+    and ``... DROP TABLE``, in one transaction: the publication gains and loses those tables
+    together, or nothing changes."""
+    adds = [_table(t) for t in add]
+    drops = [_table(t) for t in drop]
+    if not adds and not drops:
+        return
+    with sql_connection(target) as conn:
+        _check_server_takes(conn, adds, False)
+        publication = sql.Identifier(name)
+        try:
+            with conn.transaction():
+                if adds:
+                    _execute(
+                        conn,
+                        sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                            publication, sql.SQL(", ").join(t.clause() for t in adds)
+                        ),
+                    )
+                if drops:
+                    _execute(
+                        conn,
+                        sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                            publication, sql.SQL(", ").join(t.identifier() for t in drops)
+                        ),
+                    )
+        except psycopg.errors.UndefinedObject:
+            raise PublicationNotFoundError(
+                f"publication {name!r} does not exist on {server_name(conn)}",
+                "check the name (publication_info)",
+            ) from None
+        except psycopg.Error as exc:
+            raise_sql_error(exc, conn)
+    log.info(
+        "publication %s: added %s tables, dropped %s",
+        name,
+        len(adds),
+        len(drops),
+        extra={"publication": name, "added": len(adds), "dropped": len(drops)},
     )
 
 

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -399,12 +399,19 @@ def read_snapshot(
     return spark.read.format("pgcdc").options(**texts).load()
 
 
-def snapshot_reader(options: Mapping[str, str]) -> PgcdcSnapshotReader:
+def snapshot_reader(
+    options: Mapping[str, str], *, only: Collection[str] | None = None
+) -> PgcdcSnapshotReader:
     """The snapshot reader a ``spark.read.format("pgcdc")`` with these ``options`` (say from
     ``snapshot_options``) reads through, for callers that run its partitions themselves
     (``partitions()``, then ``read(partition)`` on executors: Arrow record batches of
     ``arrow_output_schema(reader.schema)``), as the lake's initial copy does to write Parquet
-    files in the same task that decodes the rows. Reads the catalog now."""
+    files in the same task that decodes the rows. Reads the catalog now. ``only``: read just
+    these of the tables the options name (``schema.table``), as the publications publish them
+    (their row filters and columns): the lake's copy of tables added to a pipeline."""
+    import dataclasses
+
+    from pgcdc.spark.errors import OptionError
     from pgcdc.spark.options import snapshot_settings, type_choices
     from pgcdc.spark.schema import source_schema
     from pgcdc.spark.snapshot import PgcdcSnapshotReader
@@ -412,6 +419,16 @@ def snapshot_reader(options: Mapping[str, str]) -> PgcdcSnapshotReader:
 
     settings = snapshot_settings(options)
     catalog = load_source_catalog(options)
+    if only is not None:
+        wanted = set(only)
+        kept = tuple(t for t in catalog.tables if f"{t.schema}.{t.name}" in wanted)
+        missing = wanted - {f"{t.schema}.{t.name}" for t in kept}
+        if missing:
+            raise OptionError(
+                f"table(s) {', '.join(sorted(missing))} are not among the tables read",
+                "publish them, or name them in the 'tables' option",
+            )
+        catalog = dataclasses.replace(catalog, tables=kept)
     schema = source_schema(catalog, type_choices(options))
     point = PgcdcSnapshotReader.resolve_consistent_point(settings)
     return PgcdcSnapshotReader(settings, catalog, schema, point)
