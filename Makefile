@@ -23,7 +23,8 @@ pytest:
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Chaos tests at full size: CHAOS_KILLS (default 20) kill -9s of `pgcdc run` per PostgreSQL
-# version, network faults, failures; `make test` runs them shortened (3 kills, PostgreSQL 18).
+# version, the indexed write killed at each of its points, network faults, failures;
+# `make test` runs them shortened (3 kills, 3 of the 5 kill points, PostgreSQL 18).
 # Replay a run with PGCDC_CHAOS_SEED=<the printed seed>.
 .PHONY: chaos
 CHAOS_KILLS ?= 20

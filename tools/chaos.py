@@ -1,10 +1,11 @@
 """``make chaos``: the chaos tests at full size.
 
 Runs tests/chaos with ``PGCDC_CHAOS_KILLS`` kills of ``pgcdc run`` (default 20, or
-``CHAOS_KILLS``) on PostgreSQL 15 and 18 (``PGCDC_CHAOS_VERSIONS``), then the other chaos
-tests (network faults, errors, roles). The seed is printed; replay a run with
+``CHAOS_KILLS``) on PostgreSQL 15 and 18 (``PGCDC_CHAOS_VERSIONS``), the indexed write killed
+at each of its points (``PGCDC_CHAOS_KILL_POINTS``, default all), then the other chaos tests
+(network faults, errors, roles). The seed is printed; replay a run with
 ``PGCDC_CHAOS_SEED=<seed> make chaos``. The suite (``make test``) runs the same tests with 3
-kills on PostgreSQL 18.
+kills on PostgreSQL 18, and three of the indexed write's five kill points.
 
 Run: .venv/bin/python -m tools.chaos [extra pytest arguments]
 """
@@ -21,6 +22,7 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ)
     env.setdefault("PGCDC_CHAOS_KILLS", env.get("CHAOS_KILLS", "20"))
     env.setdefault("PGCDC_CHAOS_VERSIONS", "15,18")
+    env.setdefault("PGCDC_CHAOS_KILL_POINTS", "all")  # of the indexed write (test_kill_points)
     env.setdefault("PGCDC_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 31)))
     print(
         f"chaos: {env['PGCDC_CHAOS_KILLS']} kills per version "

@@ -31,6 +31,7 @@ doubled), so one check at the end sees what any kill did.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -83,6 +84,21 @@ INDEXES = "_pgcdc/index"
 #: the kills in order: the rebuild first, in a run that starts after a clean one (a run that
 #: restarts after a kill has its indexes in memory by the time its next batch starts)
 SEQUENCE = ("index-rebuild", "data-files", "index-segment", "between-commits", "closed-copies")
+#: which of them a run takes (comma-separated; ``all``): ``make chaos`` takes all, the suite
+#: (``make test``) the three where a batch is half committed, each run of a JVM being costly
+POINTS_ENV = "PGCDC_CHAOS_KILL_POINTS"
+SUITE_POINTS = ("data-files", "index-segment", "between-commits")
+
+
+def chosen_points() -> tuple[str, ...]:
+    """The points of ``SEQUENCE`` this run kills at (``POINTS_ENV``), in its order."""
+    asked = os.environ.get(POINTS_ENV, ",".join(SUITE_POINTS)).strip()
+    if asked == "all":
+        return SEQUENCE
+    names = {name.strip() for name in asked.split(",") if name.strip()}
+    unknown = names - set(SEQUENCE)
+    assert not unknown, f"{POINTS_ENV}: no kill point {sorted(unknown)} (known: {SEQUENCE})"
+    return tuple(point for point in SEQUENCE if point in names)
 
 
 def make_changes(dsn: str, step: int) -> None:
@@ -226,7 +242,9 @@ def test_kill_9_at_each_point_of_the_indexed_write_loses_and_doubles_nothing(
     killed: int | None = None
     timings = []
     touched: frozenset[str] = frozenset()  # the Delta tables the killed batch writes
-    for step, point in enumerate(SEQUENCE):
+    points = chosen_points()
+    print("kill points:", ", ".join(points))
+    for step, point in enumerate(points):
         make_changes(dsn, step)
         if point == "between-commits":
             assert len(EVERY_TABLE) > COMMIT_THREADS, "the ninth commit would not wait"
