@@ -686,6 +686,7 @@ def mirror_indexes(
         reads.append(
             _IndexRead(i, w.table, w.snapshot, w.keys, tuple(files), every, False, w.history)
         )
+    started = time.monotonic()
     entries = _read_entries(spark, reads)
     if built and reached is not None:
         reached("index-rebuild", ", ".join(wanted[i].table.path for i in built))
@@ -701,8 +702,13 @@ def mirror_indexes(
         w = wanted[i]
         index = KeyIndex.from_entries(int(w.snapshot.version()), files, entries[i])
         index.save_base(w.folder)
+        # the read is one job for every index the batch reads: its time is shared
         log.info(
-            "built the key index of %s at %s: %s keys", w.table.path, index.version, len(index)
+            "built the key index of %s at %s: %s keys in %.1f s",
+            w.table.path,
+            index.version,
+            len(index),
+            time.monotonic() - started,
         )
         out[i] = index
     result = []
