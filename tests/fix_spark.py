@@ -41,6 +41,9 @@ def spark() -> Iterator[SparkSession]:
                 "spark.python.worker.reuse": "true",
                 # as pipelines run local sessions (pgcdc.lake.pipeline.session_conf)
                 "spark.sql.adaptive.enabled": "false",
+                # one JVM for the hundreds of lakes of a test session (Delta caches each
+                # table's log for an hour): more heap than one pipeline's
+                "spark.driver.memory": "2g",
             }
         ),
         # the tests' own JVM runs the whole session: the pgcdc runs they start write the

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import logging
 import operator
 import os
@@ -228,6 +229,8 @@ class LakeBatchWriter:
         except BaseException as exc:
             progress.record_failure(int(batch_id), exc)
             raise
+        finally:
+            release_jvm_objects()
         progress.record(result)
 
     def apply(self, df: Any, batch_id: int) -> BatchResult:
@@ -659,6 +662,15 @@ class _Commits:
         if os.getpgrp() == os.getpid():
             os.killpg(os.getpid(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def release_jvm_objects() -> None:
+    """Free the JVM objects that Python objects of a finished batch still hold: its DataFrames
+    keep their plans alive in the driver (in Spark 4 a plan node carries bit sets of a kilobyte:
+    a batch of many tables holds tens of megabytes). Some of them sit in reference cycles, which
+    only Python's full collection frees, and its thresholds count Python's allocations, not the
+    JVM's heap, which fills first (``OutOfMemoryError`` after some hundred batches)."""
+    gc.collect()
 
 
 def skip_copied(df: Any, copied_at: Sequence[tuple[str, int]]) -> Any:
