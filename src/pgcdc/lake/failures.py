@@ -385,11 +385,16 @@ def _describe(cause: JavaCause) -> str:
     return f"{cause.java_class}: {lines[0][:500]}" if lines else cause.java_class
 
 
+_PYTHON_EXCEPTION = "org.apache.spark.api.python.PythonException"
+
+
 def _said(cause: JavaCause, *reasons: str) -> str | None:
     """Which of the operating system's ``reasons`` (strerror texts: Java has no class for
     them) ``cause`` gives, as a file system error's reason or in an I/O error's message (any
     exception's, when only the text of a stack trace is left)."""
     io = cause.from_text or cause.is_a("java.io.IOException", "java.io.UncheckedIOException")
+    # a Spark task's Python code (the indexed write's files) failing with an OSError
+    io = io or (cause.is_a(_PYTHON_EXCEPTION) and "OSError: " in cause.message)
     for reason in reasons:
         if cause.reason == reason or (io and reason in cause.message):
             return reason

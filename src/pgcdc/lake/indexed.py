@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -208,7 +209,19 @@ class _OutputFile:
         self.deleted_los: list[np.ndarray] = []
         self.closes: list[pa.Table] = []
 
+    def _failed(self, exc: OSError) -> OSError:
+        """``exc`` naming the file it was writing (a full disk's error from Arrow names none),
+        as a URI: what ``pgcdc.lake.failures`` reads the path of a failure from."""
+        uri = f"s3a://{self.path}" if self.location.is_s3 else Path(self.path).as_uri()
+        return OSError(exc.errno, f"{exc} (writing {uri})")
+
     def write(self, received: pa.RecordBatch) -> None:
+        try:
+            self._write(received)
+        except OSError as exc:
+            raise self._failed(exc) from exc
+
+    def _write(self, received: pa.RecordBatch) -> None:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
@@ -263,7 +276,10 @@ class _OutputFile:
             "closes": closes,
         }
         if self.writer is not None:
-            self.writer.close()
+            try:
+                self.writer.close()
+            except OSError as exc:
+                raise self._failed(exc) from exc
             self.writer = None
             report.update(
                 path=self.name,

@@ -356,12 +356,17 @@ class LocalStore:
             found = self.read(key)
             if (found is None) != (expect is None) or (found and found.tag != expect):
                 raise StoreConflict(f"{path} changed under this process")
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+        except OSError as exc:  # a full disk's error names no file: say which
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise OSError(exc.errno, f"{exc.strerror or exc} (writing {path.as_uri()})") from exc
         os.replace(tmp, path)
         return _local_tag(path.stat())
 
