@@ -199,7 +199,8 @@ class _OutputFile:
         self.location = writer.location
         self.fs = writer.location.arrow_filesystem()
         self.name = f"part-{uuid.uuid4().hex}-{writer.tag}.snappy.parquet"
-        self.path = self.location.arrow_path(f"{output.target.directory}/{self.name}")
+        self.uri = f"{output.target.directory}/{self.name}"
+        self.path = self.location.arrow_path(self.uri)
         self.writer: Any = None
         self.rows = 0
         self.his: list[np.ndarray] = []
@@ -211,8 +212,9 @@ class _OutputFile:
 
     def _failed(self, exc: OSError) -> OSError:
         """``exc`` naming the file it was writing (a full disk's error from Arrow names none),
-        as a URI: what ``pgcdc.lake.failures`` reads the path of a failure from."""
-        uri = f"s3a://{self.path}" if self.location.is_s3 else Path(self.path).as_uri()
+        as a URI: what ``pgcdc.lake.failures`` reads the path of a failure from (a local
+        lake's is a plain path)."""
+        uri = self.uri if self.location.is_s3 else Path(self.path).as_uri()
         return OSError(exc.errno, f"{exc} (writing {uri})")
 
     def write(self, received: pa.RecordBatch) -> None:
@@ -1030,7 +1032,7 @@ class _Closing:
     table: TableLog
     target: SnapshotOutput
     requests: pa.Table  # file (its name), row, end_lsn, end_at, end_op
-    paths: tuple[str, ...]  # the files' paths in the table
+    paths: tuple[str, ...]  # the files' paths in the table, sorted, each once
 
 
 def _closed_copies(
@@ -1053,7 +1055,7 @@ def _closed_copies(
         base = closing.table.path.rstrip("/")
         # a file's path in the table (column mapping writes under random prefix folders);
         # joined by its name, unique
-        files = sorted(set(closing.paths))
+        files = closing.paths
         # the table's physical schema: a file written before a column was added lacks it (read
         # as NULL, as Delta's reader does)
         stored = (
