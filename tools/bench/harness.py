@@ -90,6 +90,28 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: ``[lake] write`` of a benchmark's runs (``--writes``)
+WRITES = ("indexed", "merge")
+
+
+def add_writes_argument(parser: argparse.ArgumentParser) -> None:
+    """``--writes``: the ``[lake] write`` modes to run, the first the goals are read from."""
+    parser.add_argument(
+        "--writes",
+        default="indexed",
+        help="[lake] write: indexed, merge or both (comma-separated; the first is the one the "
+        "goals are read from, the others run beside it); default indexed",
+    )
+
+
+def parse_writes(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    """The modes ``--writes`` names, in order; a usage error for anything else."""
+    writes = [w.strip() for w in text.split(",") if w.strip()]
+    if not writes or set(writes) - set(WRITES):
+        parser.error(f"--writes takes indexed and/or merge, not {text!r}")
+    return writes
+
+
 def scaled(value: float, scale: float, minimum: int = 1) -> int:
     return max(minimum, round(value * scale))
 

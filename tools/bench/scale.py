@@ -78,6 +78,7 @@ from tools.bench.harness import (
     MemorySampler,
     PgcdcRun,
     add_common_arguments,
+    add_writes_argument,
     at_subscriber,
     batch_lines,
     bench_cluster,
@@ -85,6 +86,7 @@ from tools.bench.harness import (
     connect,
     log,
     log_entry,
+    parse_writes,
     pgcdc_metadata,
     scalar,
     scaled,
@@ -630,19 +632,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(str(n) for n in FULL_SIZES),
         help="table sizes in rows at scale 1, comma-separated (scaled); default 1M and 10M",
     )
-    parser.add_argument(
-        "--writes",
-        default="indexed",
-        help="[lake] write: indexed, merge or both (comma-separated; the first is the one the "
-        "goals are read from, the others run beside it)",
-    )
+    add_writes_argument(parser)
     parser.add_argument("--rate", type=float, default=RATE, help="changes per second")
     parser.add_argument("--trigger", type=float, default=TRIGGER, help="trigger interval, s")
     args = parser.parse_args(argv)
     sizes = [int(float(s)) for s in args.sizes.split(",") if s.strip()]
-    writes = [w.strip() for w in args.writes.split(",") if w.strip()]
-    if not writes or set(writes) - {"indexed", "merge"}:
-        parser.error(f"--writes takes indexed and/or merge, not {args.writes!r}")
+    writes = parse_writes(parser, args.writes)
     result = measure(args.scale, sizes, rate=args.rate, trigger=args.trigger, writes=writes)
     path = write_result(NAME, args.scale, result)
     print(

@@ -76,11 +76,13 @@ from tools.bench.harness import (
     MemorySampler,
     PgcdcRun,
     add_common_arguments,
+    add_writes_argument,
     at_subscriber,
     batch_lines,
     bench_cluster,
     connect,
     log,
+    parse_writes,
     scalar,
     scaled,
     scratch_dir,
@@ -682,12 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="off,on",
         help="history and changelog: off, on or both (comma-separated); default off,on",
     )
-    parser.add_argument(
-        "--writes",
-        default="indexed",
-        help="[lake] write: indexed, merge or both (comma-separated; the first is the one the "
-        "goals are read from); default indexed",
-    )
+    add_writes_argument(parser)
     parser.add_argument("--rate", type=float, default=RATE, help="changes per second")
     parser.add_argument("--trigger", type=float, default=TRIGGER, help="trigger interval, s")
     parser.add_argument(
@@ -704,9 +701,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--tables: counts of at least {TABLES_PER_TXN[1]} tables")
     if not modes or set(modes) - {"off", "on"}:
         parser.error(f"--modes takes off and/or on, not {args.modes!r}")
-    writes = [w.strip() for w in args.writes.split(",") if w.strip()]
-    if not writes or set(writes) - {"indexed", "merge"}:
-        parser.error(f"--writes takes indexed and/or merge, not {args.writes!r}")
+    writes = parse_writes(parser, args.writes)
     result = measure(
         args.scale,
         counts,
