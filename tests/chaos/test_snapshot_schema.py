@@ -22,7 +22,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgcdc.lake.pipeline import Pipeline, PipelineError, RunResult
+from pgcdc.lake.pipeline import Pipeline, RunResult
+from pgcdc.lake.results import PipelineError
 from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background

@@ -13,8 +13,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from pgcdc.lake.catalog import missing_values
-from pgcdc.lake.pipeline import Pipeline, PipelineError
+from pgcdc.lake.missing import missing_values
+from pgcdc.lake.pipeline import Pipeline
+from pgcdc.lake.results import PipelineError
 from pgcdc.lake.tables import LakeTable
 from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase, newest_server

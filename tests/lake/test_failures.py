@@ -1,4 +1,4 @@
-"""``pgcdc.lake.failures.diagnose``: a failure from the JVM reduced to its root cause, with the
+"""``pgcdc.lake.diagnosis.diagnose``: a failure from the JVM reduced to its root cause, with the
 path and the fix (issue 41). A full disk is tested for real in tests/chaos/test_full_disk.py;
 here a Py4J error of the suite's JVM, the text of a Java stack trace (all that is left of an
 error that crossed a Python callback), and the chains S3 gives (the AWS SDK's error code below
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pgcdc.lake.failures import diagnose, recognise
+from pgcdc.lake.diagnosis import diagnose, recognise
 from pgcdc.spark.errors import JavaCause, java_causes
 
 LAKE = "s3a://analytics/pgcdc/shop"

@@ -23,7 +23,7 @@ import pytest
 
 from pgcdc.lake.batch import LakeBatchWriter
 from pgcdc.lake.delta import USER_METADATA, user_metadata
-from pgcdc.lake.indexed import forget_indexes, index_folder
+from pgcdc.lake.keyindex import forget_indexes, index_folder
 from pgcdc.lake.maintenance import COMPACT_METADATA
 from pgcdc.lake.tables import LakeLayout, LakeTable
 from pgcdc.lake.target import DeltaTarget

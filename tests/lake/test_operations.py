@@ -186,7 +186,7 @@ def test_progress_lines_when_not_a_terminal() -> None:
     """Without a terminal, ``pgcdc run`` prints plain progress lines (never more often than
     every few seconds), and nothing with --quiet."""
     from pgcdc.cli.run import _Display, _Output
-    from pgcdc.lake.batch import BatchResult
+    from pgcdc.lake.results import BatchResult
 
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=False, width=200)

@@ -27,7 +27,8 @@ from psycopg import sql
 
 from pgcdc.lake.catalog import ensure_publication
 from pgcdc.lake.config import ConfigError, PipelineConfig, parse_config
-from pgcdc.lake.pipeline import Pipeline, PipelineError
+from pgcdc.lake.pipeline import Pipeline
+from pgcdc.lake.results import PipelineError
 from pgcdc.lake.state import PipelineState, save_state
 from pgcdc.lake.tables import HISTORY_COLUMNS, IS_CURRENT, MIRROR_COLUMNS, LakeTable
 from pgcdc.lake.target import DeltaTarget

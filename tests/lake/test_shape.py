@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from pgcdc.lake.pipeline import Pipeline, PipelineError
+from pgcdc.lake.pipeline import Pipeline
+from pgcdc.lake.results import PipelineError
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background
 from tests.lake.test_pipeline import assert_equal, make_config, mirror_rows

@@ -192,7 +192,8 @@ def test_status_reports_a_failing_batch_until_one_is_applied(
     run; ``status`` shows it and exits 1 while it stands; a run that applies the batch clears
     it and ``status`` exits 0 again (issue 24)."""
     from pgcdc.lake.config import load_config
-    from pgcdc.lake.pipeline import Pipeline, PipelineError
+    from pgcdc.lake.pipeline import Pipeline
+    from pgcdc.lake.results import PipelineError
     from pgcdc.lake.state import load_state
 
     pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int)")

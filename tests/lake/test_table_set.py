@@ -27,7 +27,8 @@ import pytest
 from pgcdc.cli import main
 from pgcdc.cli.status import collect
 from pgcdc.lake.monitor import RunObserver
-from pgcdc.lake.pipeline import Pipeline, PipelineError
+from pgcdc.lake.pipeline import Pipeline
+from pgcdc.lake.results import PipelineError
 from pgcdc.lake.state import load_state
 from pgcdc.lake.target import DeltaTarget
 from pgcdc.lsn import Lsn

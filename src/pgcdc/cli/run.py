@@ -44,7 +44,7 @@ from rich.progress import (
 from pgcdc.lsn import Lsn
 
 if TYPE_CHECKING:  # the lake (Spark, delta-rs, pyarrow) is imported when the command runs
-    from pgcdc.lake.batch import BatchResult
+    from pgcdc.lake.results import BatchResult
     from pgcdc.replication import SlotHealth
 
 log = logging.getLogger("pgcdc.run")
@@ -303,7 +303,8 @@ class _Display:
 def run(args: argparse.Namespace) -> int:
     from pgcdc.lake.config import ConfigError, load_config
     from pgcdc.lake.metastore import CatalogError
-    from pgcdc.lake.pipeline import Pipeline, PipelineError
+    from pgcdc.lake.pipeline import Pipeline
+    from pgcdc.lake.results import PipelineError
     from pgcdc.lake.schema_evolution import SchemaEvolutionError
     from pgcdc.lake.state import StateError
     from pgcdc.lake.verify import compare_tables

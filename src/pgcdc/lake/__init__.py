@@ -77,8 +77,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pgcdc.lake.config import ConfigError, PipelineConfig, load_config, parse_config
-    from pgcdc.lake.failures import PipelineError
     from pgcdc.lake.pipeline import Pipeline, RunResult
+    from pgcdc.lake.results import PipelineError
     from pgcdc.lake.tables import LakeLayout, LakeTable, encode_name
     from pgcdc.lake.verify import TableCheck, compare_tables
 

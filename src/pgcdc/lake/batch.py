@@ -39,12 +39,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from pgcdc.lake.catalog import missing_values
 from pgcdc.lake.changes import (
     TableOverview,
     batch_overview,
@@ -54,10 +51,14 @@ from pgcdc.lake.changes import (
 )
 from pgcdc.lake.delta import cache_level
 from pgcdc.lake.deltalog import TableLog
+from pgcdc.lake.indexed import direct_write
 from pgcdc.lake.maintenance import Maintenance, conflicts, worker_for
 from pgcdc.lake.mirror import inserted_only
+from pgcdc.lake.missing import missing_values
 from pgcdc.lake.multiset import assign_rows
+from pgcdc.lake.results import BatchResult
 from pgcdc.lake.schema_evolution import Defaults
+from pgcdc.lake.sessions import in_sessions
 from pgcdc.lake.sink import SINKS, TableBatch
 from pgcdc.lake.storage import LakePath
 from pgcdc.lake.tables import ROW_ID, LakeLayout, LakeTable, TableKind
@@ -66,7 +67,6 @@ from pgcdc.lsn import Lsn
 __all__ = [
     "PROGRESS",
     "BatchListener",
-    "BatchResult",
     "LakeBatchWriter",
     "Progress",
     "again_on_conflict",
@@ -105,24 +105,6 @@ class KillAt(NamedTuple):
 
     point: str
     batch: int = 0
-
-
-@dataclass(slots=True)
-class BatchResult:
-    batch_id: int
-    changes: int = 0
-    tables: int = 0
-    skipped: bool = False
-    min_lsn: int | None = None
-    max_lsn: int | None = None
-    seconds: float = 0.0
-    per_table: dict[str, int] = field(default_factory=dict)
-    #: changes per (table id, operation 'I' / 'U' / 'D' / 'T')
-    per_op: dict[tuple[str, str], int] = field(default_factory=dict)
-    #: commit time of the newest source transaction the batch wrote to a mirror
-    max_commit_time: datetime | None = None
-    #: wall-clock time (``time.time()``) the batch's commits were done
-    finished_at: float = 0.0
 
 
 class BatchListener(Protocol):
@@ -403,7 +385,6 @@ class LakeBatchWriter:
         """Write ``items`` (a table's batch, the kind, the Delta table's path) by the indexed
         write: the rows of all of them by one Spark job, then one commit each (at the same
         time, up to ``PARALLEL_TABLES``); the newest commit time each mirror got."""
-        from pgcdc.lake.indexed import direct_write
 
         return direct_write(
             spark,
@@ -563,33 +544,6 @@ def again_on_conflict(write: Callable[[], _R], what: str) -> _R:
     return write()
 
 
-def in_sessions(
-    spark: Any, work: Callable[[Any, _T], _R], items: Sequence[_T], workers: int
-) -> list[_R]:
-    """``work(session, item)`` for each item, up to ``workers`` at the same time, each in a
-    Spark session of its own (a session's settings carry its writes' application
-    transaction, and maintenance's options); what each returned, in order. Every item runs
-    to its end; then the first error is raised."""
-    if len(items) <= 1 or workers <= 1:
-        return [work(spark, item) for item in items]
-
-    def run(item: _T) -> _R:
-        session = _SESSIONS.borrow(spark)
-        try:
-            return work(session, item)
-        finally:
-            _SESSIONS.give_back(session)
-
-    with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="pgcdc-write") as pool:
-        futures = [pool.submit(run, item) for item in items]
-        wait(futures)
-    for future in futures:
-        error = future.exception()
-        if error is not None:
-            raise error
-    return [future.result() for future in futures]
-
-
 class _TableJob(NamedTuple):
     """One table's part of a batch: its struct column, overview, Delta tables' paths, and the
     ones still to write."""
@@ -599,32 +553,6 @@ class _TableJob(NamedTuple):
     info: TableOverview
     paths: Mapping[TableKind, str]
     wanted: Mapping[TableKind, str]
-
-
-class _SessionPool:
-    """Idle Spark sessions for the threads writing tables, reused from batch to batch: a
-    session per write would leave the context a session (and its listeners) per table and
-    batch until a garbage collection cleans them up. Sessions of a stopped context (another
-    application id) are dropped."""
-
-    def __init__(self) -> None:
-        self._idle: list[tuple[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def borrow(self, spark: Any) -> Any:
-        app = spark.sparkContext.applicationId
-        with self._lock:
-            self._idle = [(a, s) for a, s in self._idle if a == app]
-            if self._idle:
-                return self._idle.pop()[1]
-        return spark.newSession()
-
-    def give_back(self, session: Any) -> None:
-        with self._lock:
-            self._idle.append((session.sparkContext.applicationId, session))
-
-
-_SESSIONS = _SessionPool()
 
 
 class _Commits:

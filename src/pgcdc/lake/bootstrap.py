@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from pgcdc.lake.catalog import SourcePlan
 from pgcdc.lake.config import ConfigError, PipelineConfig
-from pgcdc.lake.failures import PipelineError
 from pgcdc.lake.monitor import publication_gone_message, slot_gone_message, slot_lost_message
+from pgcdc.lake.results import PipelineError
 from pgcdc.lake.state import PipelineState
 from pgcdc.lake.tables import LakeLayout
 from pgcdc.replication import missing_publications, slot_info, source_catalog

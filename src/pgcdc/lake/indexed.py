@@ -40,8 +40,17 @@ from urllib.parse import unquote
 import numpy as np
 import pyarrow as pa
 
-from pgcdc.lake.changes import expressions, quote_column
+from pgcdc.lake.changelog import IMAGES, changelog_columns
+from pgcdc.lake.changes import (
+    event_array,
+    expressions,
+    image_columns,
+    lake_image,
+    lake_type,
+    quote_column,
+)
 from pgcdc.lake.deltalog import DataFile, TableLog
+from pgcdc.lake.history import ACTION, history_rows, history_schema
 from pgcdc.lake.keyindex import (
     HASH_HI,
     HASH_LO,
@@ -49,13 +58,18 @@ from pgcdc.lake.keyindex import (
     IndexChanges,
     IndexError_,
     KeyIndex,
+    cached_index,
+    index_folder,
+    keep_index,
     key_hashes,
     load,
     save_segment,
 )
+from pgcdc.lake.maintenance import conflicts
 from pgcdc.lake.mirror import OP_COLUMN as OP
-from pgcdc.lake.mirror import mirror_rows
+from pgcdc.lake.mirror import mirror_rows, mirror_schema
 from pgcdc.lake.schema_evolution import evolve
+from pgcdc.lake.sessions import in_sessions
 from pgcdc.lake.sink import TableBatch
 from pgcdc.lake.snapshot import (
     SnapshotOutput,
@@ -63,6 +77,7 @@ from pgcdc.lake.snapshot import (
     dictionary_columns,
     file_stats,
     physical_type,
+    snapshot_struct,
     to_physical,
 )
 from pgcdc.lake.storage import LakeLocation, LakePath
@@ -80,7 +95,7 @@ from pgcdc.lake.tables import (
     LakeTable,
     TableKind,
 )
-from pgcdc.lake.toast import fill_from_stored
+from pgcdc.lake.toast import KEEP_PREFIX, ROOT_PREFIX, fill_from_stored
 
 __all__ = [
     "WRITTEN",
@@ -89,8 +104,6 @@ __all__ = [
     "SharedWriter",
     "Written",
     "direct_write",
-    "forget_indexes",
-    "index_folder",
     "mirror_indexes",
 ]
 
@@ -550,23 +563,14 @@ def _stamped(data_file: DataFile, now: int) -> DataFile:
     return replace(data_file, modification_time=now)
 
 
-#: Key indexes of the mirrors this process writes, by table path (kept between batches)
-_INDEXES: dict[str, KeyIndex] = {}
-_INDEXES_LOCK = threading.Lock()
-
-#: ``WRITTEN`` as Spark's schema (``mapInArrow``'s result)
 #: how many times a table's commit is tried when a concurrent commit (maintenance) conflicts
 CONFLICT_ATTEMPTS = 5
 
+#: ``WRITTEN`` as Spark's schema (``mapInArrow``'s result)
 _WRITTEN_SPARK = (
     "output int, path string, size long, rows long, stats string, hi binary, lo binary, "
     "row binary, deleted_hi binary, deleted_lo binary, closes binary"
 )
-
-
-def index_folder(layout: LakeLayout, table: LakeTable, kind: TableKind) -> LakePath:
-    """Where a Delta table's key index lives in the lake."""
-    return layout.state_dir / "index" / table.path(layout, kind).key
 
 
 #: What a rebuild or a follow reads of a table: per row, its key's hash, file and row index
@@ -679,8 +683,7 @@ def mirror_indexes(
     built: dict[int, list[DataFile]] = {}
     for i, w in enumerate(wanted):
         version = int(w.snapshot.version())
-        with _INDEXES_LOCK:
-            cached = _INDEXES.get(w.table.path)
+        cached = cached_index(w.table.path)
         if cached is not None and cached.version == version:
             out[i] = cached
             continue
@@ -732,8 +735,7 @@ def mirror_indexes(
     result = []
     for w, ready in zip(wanted, out, strict=True):
         assert ready is not None
-        with _INDEXES_LOCK:
-            _INDEXES[w.table.path] = ready
+        keep_index(w.table.path, ready)
         result.append(ready)
     return result
 
@@ -766,19 +768,6 @@ def _follow(
                 return None
             added[f.path] = f
     return tuple(added.values()), removed
-
-
-def forget_index(path: str) -> None:
-    """Drop the index this process keeps of the Delta table at ``path`` (it was removed: a
-    table created there again starts its versions anew)."""
-    with _INDEXES_LOCK:
-        _INDEXES.pop(str(path), None)
-
-
-def forget_indexes() -> None:
-    """Drop the indexes this process keeps (tests: another process wrote the tables)."""
-    with _INDEXES_LOCK:
-        _INDEXES.clear()
 
 
 def indexed_rows(batch: TableBatch) -> Any:
@@ -815,9 +804,6 @@ def _target(table: TableLog, snapshot: Any, batch: TableBatch, kind: TableKind) 
 def wanted_schema(df: Any, column: str, kind: TableKind) -> Any:
     """The schema (Spark) a mirror's or a changelog's rows of the batch have, from the batch's
     schema alone (no plan analysed)."""
-    from pgcdc.lake.changes import lake_type
-    from pgcdc.lake.snapshot import snapshot_struct
-
     return lake_type(snapshot_struct(df.schema, column, kind))
 
 
@@ -885,9 +871,6 @@ def _packed_value(df: Any, o: SharedOutput, h: Any) -> Any:
     """Output ``o``'s row of an event (NULL for another output's event)."""
     from pyspark.sql import functions as F
 
-    from pgcdc.lake.changelog import changelog_columns
-    from pgcdc.lake.changes import image_columns, lake_image
-
     mine = h.getField("out") == F.lit(o.output)
     if o.kind == "changelog":
         return F.when(mine, F.struct(*changelog_columns(df, o.column, o.names)))
@@ -932,8 +915,6 @@ def _shared_expressions(
     mirror and changelog outputs."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
-
-    from pgcdc.lake.changes import event_array, image_columns, lake_type
 
     by_table: dict[str, list[SharedOutput]] = {}
     for o in outputs:
@@ -1004,9 +985,6 @@ def history_indexed_rows(batch: TableBatch) -> Any:
     to end its version current before the batch (``CLOSE``, with how it ends), with the key's
     hash; unchanged TOAST values filled from the mirror as stored before the batch."""
     from pyspark.sql import functions as F
-
-    from pgcdc.lake.history import ACTION, history_rows
-    from pgcdc.lake.toast import KEEP_PREFIX, ROOT_PREFIX
 
     table = batch.table
     keys = table.row_keys
@@ -1164,10 +1142,6 @@ def direct_write(
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    from pgcdc.lake.changelog import IMAGES
-    from pgcdc.lake.history import history_schema
-    from pgcdc.lake.mirror import mirror_schema
-
     clock = time.monotonic()
     plans = []
     outputs: list[Output] = []
@@ -1245,8 +1219,6 @@ def direct_write(
         packed.insert(0, shared_rows(items[0][0].changes, shared))
     planned = time.monotonic()
     found = mirror_indexes(spark, [w for _, w in wanted], reached)
-    from pgcdc.lake.maintenance import conflicts
-
     indexed_at = time.monotonic()
     indexes = dict(zip([i for i, _ in wanted], found, strict=True))
     union = packed[0]
@@ -1333,8 +1305,6 @@ def direct_write(
         committed.set()
         on_commit()
         return batch.overview.max_commit_time if kind == "mirror" else None
-
-    from pgcdc.lake.batch import in_sessions
 
     newest: dict[str, Any] = {}
     results = in_sessions(spark, commit, list(range(len(plans))), parallel)

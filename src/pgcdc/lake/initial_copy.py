@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pgcdc.lake.batch import table_column_pairs
 from pgcdc.lake.bootstrap import server_identity
 from pgcdc.lake.catalog import SourcePlan, ensure_publication
-from pgcdc.lake.failures import PipelineError, diagnose
+from pgcdc.lake.deltalog import TableLog
+from pgcdc.lake.diagnosis import diagnose
+from pgcdc.lake.indexed import IndexWanted, mirror_indexes
+from pgcdc.lake.keyindex import index_folder
+from pgcdc.lake.results import PipelineError
+from pgcdc.lake.shape import recorded_shape
 from pgcdc.lake.snapshot import SnapshotResult, remove_tables, write_snapshot
 from pgcdc.lake.state import PipelineState, load_state, save_state
 from pgcdc.lake.tables import LakeLayout, LakeTable, text_columns_option
@@ -275,8 +280,6 @@ def build_indexes(spark: Any, layout: LakeLayout, tables: Sequence[LakeTable]) -
     """The key indexes of the copied mirrors (``pgcdc.lake.indexed``), built now, by one
     Spark job for all, so that the first batch does not build them. A failure is logged:
     the first batch that needs an index builds it."""
-    from pgcdc.lake.deltalog import TableLog
-    from pgcdc.lake.indexed import IndexWanted, index_folder, mirror_indexes
 
     wanted = []
     for table in tables:
@@ -299,7 +302,6 @@ def shapes_at(dsn: str, snapshot: str, tables: Sequence[LakeTable]) -> dict[str,
     judge, not the baseline."""
     from psycopg import sql
 
-    from pgcdc.lake.shape import recorded_shape
     from pgcdc.replication import source_catalog
     from pgcdc.replication.database import connect_sql
 

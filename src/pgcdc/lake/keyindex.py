@@ -31,6 +31,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ import pyarrow as pa
 from pgcdc.errors import PgcdcError
 from pgcdc.lake.deltalog import DataFile, TableLog
 from pgcdc.lake.storage import LakePath
+from pgcdc.lake.tables import LakeLayout, LakeTable, TableKind
 
 __all__ = [
     "HASH_HI",
@@ -50,6 +52,11 @@ __all__ = [
     "IndexChanges",
     "IndexError_",
     "KeyIndex",
+    "cached_index",
+    "forget_index",
+    "forget_indexes",
+    "index_folder",
+    "keep_index",
     "key_hashes",
 ]
 
@@ -409,3 +416,38 @@ def load(folder: LakePath, table: TableLog, latest: int) -> KeyIndex | None:
         index.add_files(changes.added)
         index.apply(changes, commit.version)
     return index
+
+
+def index_folder(layout: LakeLayout, table: LakeTable, kind: TableKind) -> LakePath:
+    """Where a Delta table's key index lives in the lake."""
+    return layout.state_dir / "index" / table.path(layout, kind).key
+
+
+#: Key indexes of the tables this process writes, by table path (kept between batches)
+_INDEXES: dict[str, KeyIndex] = {}
+_INDEXES_LOCK = threading.Lock()
+
+
+def cached_index(path: str) -> KeyIndex | None:
+    """The index this process keeps of the Delta table at ``path``, at whichever version."""
+    with _INDEXES_LOCK:
+        return _INDEXES.get(path)
+
+
+def keep_index(path: str, index: KeyIndex) -> None:
+    """Keep ``index`` as this process's index of the Delta table at ``path``."""
+    with _INDEXES_LOCK:
+        _INDEXES[path] = index
+
+
+def forget_index(path: str) -> None:
+    """Drop the index this process keeps of the Delta table at ``path`` (it was removed: a
+    table created there again starts its versions anew)."""
+    with _INDEXES_LOCK:
+        _INDEXES.pop(str(path), None)
+
+
+def forget_indexes() -> None:
+    """Drop the indexes this process keeps (tests: another process wrote the tables)."""
+    with _INDEXES_LOCK:
+        _INDEXES.clear()

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgcdc.lake.delta import USER_METADATA, quote_name, user_metadata
+from pgcdc.lake.deltalog import TableLog
+from pgcdc.lake.diagnosis import diagnose
 from pgcdc.lake.storage import LeaseLost
 
 __all__ = [
@@ -120,7 +122,6 @@ def _last_commit(
     clock), among its ``VACUUM_SEARCH_COMMITS`` latest (read through the connector's log);
     with ``created``, else when the table was created if its log is that short. None if
     neither is found."""
-    from pgcdc.lake.deltalog import TableLog
 
     log_ = TableLog(spark, path)
     found = None
@@ -182,8 +183,6 @@ class Maintenance:
                     raise
                 # never fails the batch, whose commits are done: nothing of it depends on this
                 except Exception as exc:
-                    from pgcdc.lake.failures import diagnose  # it imports the batches
-
                     conflict = isinstance(exc, conflicts())
                     with _lock:
                         lost = _gave_way[key] = _gave_way.get(key, 0) + int(conflict)
@@ -219,7 +218,6 @@ class Maintenance:
         Counted through the connector's log: once per process from the table's files (a
         Spark job), then carried forward by the commits since (their JSON files, no job: a
         batch over a hundred tables must not cost a hundred jobs here)."""
-        from pgcdc.lake.deltalog import TableLog
 
         limit = self.target_file_size // 4
         log_ = TableLog(spark, path)

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from pgcdc.lake.batch import BatchResult
+from pgcdc.lake.results import BatchResult
 from pgcdc.lsn import Lsn
 from pgcdc.metrics import PipelineMetrics
 from pgcdc.replication import (

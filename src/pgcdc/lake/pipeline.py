@@ -73,7 +73,7 @@ from pgcdc.lake.delta import (
     s3_jars_missing,
     table_schema,
 )
-from pgcdc.lake.failures import PipelineError, spark_reason
+from pgcdc.lake.diagnosis import spark_reason
 from pgcdc.lake.initial_copy import InitialCopy
 from pgcdc.lake.metastore import (
     Registrar,
@@ -83,6 +83,7 @@ from pgcdc.lake.metastore import (
     uses_session_catalog,
 )
 from pgcdc.lake.monitor import Observer, RunObserver, SlotMonitor
+from pgcdc.lake.results import PipelineError
 from pgcdc.lake.schema_evolution import evolve
 from pgcdc.lake.shape import recorded_shape, shape_problem
 from pgcdc.lake.state import PipelineState, load_state, run_lock, save_state
@@ -95,7 +96,7 @@ from pgcdc.replication import Heartbeat, scrub_secrets, source_catalog
 from pgcdc.replication.database import connect_sql
 from pgcdc.replication.source_catalog import TableShape
 
-__all__ = ["Pipeline", "PipelineError", "RunResult", "session_conf"]
+__all__ = ["Pipeline", "RunResult", "session_conf"]
 
 log = logging.getLogger("pgcdc.lake")
 

@@ -43,6 +43,7 @@ import pyarrow as pa
 from pgcdc.lake.changelog import changelog_rows
 from pgcdc.lake.changes import image_columns, lake_image, needs_cast, quote_column
 from pgcdc.lake.delta import AddedFile, commit_files, create_table, stats_json
+from pgcdc.lake.keyindex import forget_index, index_folder
 from pgcdc.lake.multiset import snapshot_row_id
 from pgcdc.lake.storage import LakeLocation, LakePath, LeaseLost, StorageError
 from pgcdc.lake.tables import (
@@ -146,7 +147,6 @@ def remove_tables(
     again (their folders, and their key indexes: a table created there again starts its
     versions anew). ``fence`` raises when this process may no longer write the lake: called
     before anything is removed."""
-    from pgcdc.lake.indexed import forget_index, index_folder
 
     if fence is not None:
         fence()

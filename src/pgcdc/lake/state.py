@@ -110,7 +110,7 @@ class BatchFailure:
     """A micro-batch that failed and has not been applied since: its id, the WAL it covers
     (after ``start_lsn``, through ``end_lsn``), the error's class (never its message, which
     may quote row values), when it failed last and first, and how many runs failed on it;
-    for a failure pgcdc recognised (``pgcdc.lake.failures.diagnose``), its cause and fix in
+    for a failure pgcdc recognised (``pgcdc.lake.diagnosis.diagnose``), its cause and fix in
     pgcdc's words (a path at most, no value)."""
 
     batch: int

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from pgcdc.lake.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
 from pgcdc.lake.catalog import SourcePlan
-from pgcdc.lake.failures import FailureRecord, PipelineError, diagnose, spark_hint
+from pgcdc.lake.diagnosis import diagnose, spark_hint
+from pgcdc.lake.failures import FailureRecord
 from pgcdc.lake.maintenance import worker_for
 from pgcdc.lake.monitor import BatchEvents, SlotMonitor
+from pgcdc.lake.results import PipelineError
 from pgcdc.lake.state import PipelineState, remove_torn_writes
 from pgcdc.lake.tables import text_columns_option
 from pgcdc.lsn import Lsn

@@ -53,8 +53,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from pgcdc.lake.catalog import SourcePlan, ensure_publication
-from pgcdc.lake.failures import PipelineError
 from pgcdc.lake.initial_copy import build_indexes, copy_attempts, copy_in_snapshot, shapes_at
+from pgcdc.lake.results import PipelineError
 from pgcdc.lake.snapshot import remove_tables
 from pgcdc.lake.state import PipelineState, TablePhase, load_state, now, save_state
 from pgcdc.lake.tables import LakeLayout, LakeTable, TableKind
