@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pgcdc.lake.pipeline import Pipeline, RunResult
+from pgcdc.lake.run.pipeline import Pipeline, RunResult
 
 
 class Background:

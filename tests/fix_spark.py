@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    from pgcdc.lake.delta import delta_settings, quiet_logs
+    from pgcdc.lake.store.delta import delta_settings, quiet_logs
     from pgcdc.spark import spark_session
 
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -39,7 +39,7 @@ def spark() -> Iterator[SparkSession]:
                 "spark.sql.streaming.stopTimeout": "30s",
                 "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
                 "spark.python.worker.reuse": "true",
-                # as pipelines run local sessions (pgcdc.lake.pipeline.session_conf)
+                # as pipelines run local sessions (pgcdc.lake.run.pipeline.session_conf)
                 "spark.sql.adaptive.enabled": "false",
                 # one JVM for the hundreds of lakes of a test session (Delta caches each
                 # table's log for an hour): more heap than one pipeline's

@@ -69,7 +69,7 @@ fetch_jars() {
         touch "$folder/.installed"
     fi
 }
-# pgcdc's Spark sessions load every jar of .cache/jars (pgcdc.lake.delta)
+# pgcdc's Spark sessions load every jar of .cache/jars (pgcdc.lake.store.delta)
 fetch_jars tools/jars/pom.xml .cache/jars "Delta Lake's Spark connector"
 # a folder of its own: only lakes on s3:// paths add it, local lakes keep the class path above
 fetch_jars tools/jars/s3/pom.xml .cache/jars-s3 "Hadoop's S3A connector"

@@ -5,7 +5,7 @@ metrics an operator watches: changes per table and operation, lag in bytes and s
 durations, retained WAL, errors by kind. ``serve(port)`` exposes them at ``/metrics``. Labels
 carry table names and operations, never values.
 
-``pgcdc run`` records them as ``pgcdc.lake.monitor`` describes (per batch in the process that
+``pgcdc run`` records them as ``pgcdc.lake.run.monitor`` describes (per batch in the process that
 runs ``foreachBatch``: with a Spark Connect server, only the slot gauges are recorded here).
 Error kinds: ``batch`` (a micro-batch failed), ``stream`` (the query failed), ``pipeline``
 (``run`` stopped with an error), ``slot_invalidated``, ``health_check`` (the slot could not be

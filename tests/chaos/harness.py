@@ -12,7 +12,7 @@ The independent record of what happened is a second logical slot using ``test_de
 created before anything else: every committed transaction's xid, end LSN and its changes (table
 and operation, in order). At the end:
 
-* every mirror equals its source table (``pgcdc.lake.verify.compare_tables``);
+* every mirror equals its source table (``pgcdc.lake.run.verify.compare_tables``);
 * every history's current versions equal the mirror, and closed versions are well formed;
 * every changelog holds each change exactly once: ``(table, __commit_lsn, __position)`` is
   unique, its snapshot rows ('S') number what the snapshot copied, and its other rows are, per
@@ -44,11 +44,11 @@ from typing import Any
 import psycopg
 
 from pgcdc.lake.config import PipelineConfig, load_config
-from pgcdc.lake.pipeline import Pipeline
-from pgcdc.lake.storage import StorageError
-from pgcdc.lake.tables import LakeLayout, LakeTable
-from pgcdc.lake.target import DeltaTarget
-from pgcdc.lake.verify import compare_tables
+from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.run.verify import compare_tables
+from pgcdc.lake.store.storage import StorageError
+from pgcdc.lake.store.tables import LakeLayout, LakeTable
+from pgcdc.lake.store.target import DeltaTarget
 from pgcdc.lsn import Lsn
 from tests.lake.workload import SCHEMA, Workload
 
@@ -252,7 +252,7 @@ def audit_transactions(dsn: str, slot: str = AUDIT_SLOT) -> dict[int, AuditTxn]:
 
 
 def assert_history_consistent(layout: LakeLayout, table: LakeTable) -> None:
-    from pgcdc.lake.tables import IS_CURRENT, MIRROR_COLUMNS
+    from pgcdc.lake.store.tables import IS_CURRENT, MIRROR_COLUMNS
 
     mirror = DeltaTarget(table.path(layout, "mirror")).read()
     history = DeltaTarget(table.path(layout, "history")).read()

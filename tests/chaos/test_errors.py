@@ -22,9 +22,9 @@ import pytest
 from pgcdc.cli import main
 from pgcdc.cli.throwaway_server import free_port
 from pgcdc.lake.config import load_config
-from pgcdc.lake.pipeline import Pipeline
-from pgcdc.lake.state import RUN_LOCK
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.store.state import RUN_LOCK
+from pgcdc.lake.store.target import DeltaTarget
 from tests.fix_pg import PgDatabase
 from tests.fix_pipeline import Background
 

@@ -21,8 +21,8 @@ import pytest
 
 from pgcdc.cli import main
 from pgcdc.lake.config import load_config
-from pgcdc.lake.state import load_state
-from pgcdc.lake.tables import LakeLayout
+from pgcdc.lake.store.state import load_state
+from pgcdc.lake.store.tables import LakeLayout
 from tests.fix_pg import PgDatabase, newest_server
 
 pytestmark = pytest.mark.slow

@@ -2,7 +2,7 @@
 lake loses and doubles nothing (issue 44).
 
 The chaos suite (test_kill.py) kills runs at random moments; these kills land where a crash
-leaves the indexed write half done (``pgcdc.lake.batch.KILL_POINTS``, asked for through
+leaves the indexed write half done (``pgcdc.lake.write.batch.KILL_POINTS``, asked for through
 ``$PGCDC_TEST_KILL_AT``: the run logs a marker line, then SIGKILLs its process group):
 
 * ``index-rebuild``: the key indexes (their folder deleted first) rebuilt from the tables by
@@ -41,10 +41,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgcdc.lake.batch import COMMIT_THREADS, KILL_ENV, KILL_POINTS
 from pgcdc.lake.config import ConfigError, load_config
-from pgcdc.lake.state import load_state
-from pgcdc.lake.tables import LakeLayout
+from pgcdc.lake.store.state import load_state
+from pgcdc.lake.store.tables import LakeLayout
+from pgcdc.lake.write.batch import COMMIT_THREADS, KILL_ENV, KILL_POINTS
 from tests.chaos.harness import (
     audit_transactions,
     check_lake,
@@ -288,8 +288,8 @@ def test_kill_9_at_each_point_of_the_indexed_write_loses_and_doubles_nothing(
 
 def test_an_unknown_kill_point_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A misspelt kill point fails the run instead of running without the kill."""
-    from pgcdc.lake.batch import KillAt
-    from pgcdc.lake.pipeline import Pipeline
+    from pgcdc.lake.run.pipeline import Pipeline
+    from pgcdc.lake.write.batch import KillAt
 
     config = load_config(write_config(tmp_path, "host=/nowhere dbname=none"))
     for wrong in ("data_files", "data-files@", "data-files@x"):

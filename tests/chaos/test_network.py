@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 from pgcdc.lake.config import parse_config
-from pgcdc.lake.pipeline import Pipeline
-from pgcdc.lake.verify import compare_tables
+from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.run.verify import compare_tables
 from tests.chaos.harness import audit_transactions, check_lake, create_audit_slot
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background
@@ -171,8 +171,8 @@ def test_fast_shutdown_while_batches_are_pending_is_prompt(
     replication connection instead, so the restart takes seconds (it took until the backlog
     was applied, or until pg_ctl gave up after 60 s). The pipeline reconnects and the lake ends
     equal to the source, every change once in the changelog (issue 24)."""
-    from pgcdc.lake.tables import LakeLayout
-    from pgcdc.lake.target import DeltaTarget
+    from pgcdc.lake.store.tables import LakeLayout
+    from pgcdc.lake.store.target import DeltaTarget
 
     pg.execute("CREATE TABLE items (id bigint PRIMARY KEY, v text, qty int)")
     pg.execute("INSERT INTO items SELECT g, 'snap', 0 FROM generate_series(-50, -1) g")

@@ -22,9 +22,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgcdc.lake.pipeline import Pipeline, RunResult
 from pgcdc.lake.results import PipelineError
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.run.pipeline import Pipeline, RunResult
+from pgcdc.lake.store.target import DeltaTarget
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config

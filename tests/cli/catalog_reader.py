@@ -16,7 +16,7 @@ from pathlib import Path
 def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
 
-    from pgcdc.lake.delta import delta_settings
+    from pgcdc.lake.store.delta import delta_settings
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--conf", action="append", default=[])

@@ -25,14 +25,14 @@ from typing import Any
 import pytest
 
 from pgcdc.lake.config import ConfigError, parse_config
-from pgcdc.lake.metastore import (
+from pgcdc.lake.store.metastore import (
     CatalogError,
     CatalogName,
     Registrar,
     name_problems,
     registrations,
 )
-from pgcdc.lake.tables import LakeLayout, LakeTable
+from pgcdc.lake.store.tables import LakeLayout, LakeTable
 from tests.fix_pg import PgDatabase, newest_server
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -342,7 +342,7 @@ def _registrar(tmp_path: Path, schema: str) -> tuple[Registrar, list[Any]]:
 def _create(spark: Any, path: str) -> None:
     from pyspark.sql import types as T
 
-    from pgcdc.lake.delta import create_table
+    from pgcdc.lake.store.delta import create_table
 
     schema = T.StructType([T.StructField("id", T.LongType())])
     create_table(spark, path, schema, stats_columns=["id"], what="test")

@@ -117,9 +117,9 @@ def pgcdc_without_java(
 def test_a_held_lake_is_refused_before_spark_starts(pg: PgDatabase, tmp_path: Path) -> None:
     """A second run on a lake another process holds is refused at once, naming the holder,
     without starting Spark (issue 41: it was refused after Spark's 35 s start)."""
-    from pgcdc.lake.state import run_lock
-    from pgcdc.lake.storage import LakeLocation
-    from pgcdc.lake.tables import LakeLayout
+    from pgcdc.lake.store.state import run_lock
+    from pgcdc.lake.store.storage import LakeLocation
+    from pgcdc.lake.store.tables import LakeLayout
 
     pg.execute("CREATE TABLE items (id int PRIMARY KEY)")
     config = write_config(tmp_path, pg, "items")

@@ -71,8 +71,8 @@ def _assert_every_row_once(pg: PgDatabase, config: Path, log: Path, last: int) -
     """A run to the end, with ``--verify``: every row once in the mirror and once in the
     changelog (none lost, none twice)."""
     from pgcdc.lake.config import load_config
-    from pgcdc.lake.tables import LakeLayout
-    from pgcdc.lake.target import DeltaTarget
+    from pgcdc.lake.store.tables import LakeLayout
+    from pgcdc.lake.store.target import DeltaTarget
 
     again = start_run(config, log, until_caught_up=True, verify=True)
     try:

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 import pgcdc
 from pgcdc.filters import RowFilter, RowFilterError
 from pgcdc.filters.lexer import tokenize
-from pgcdc.lake.catalog import plan_source
 from pgcdc.lake.config import ConfigError, PipelineConfig, parse_config
+from pgcdc.lake.run.catalog import plan_source
 from pgcdc.replication import (
     PublicationTable,
     ReplicationError,
@@ -289,7 +289,7 @@ def test_only_the_printer_makes_row_filter_sql() -> None:
 
 #: Every sql.SQL() of something other than a string constant in src, and why it is safe.
 _SQL_FROM_VALUES = {
-    ("lake/verify.py", "where.text"): "a RowFilterSQL",
+    ("lake/run/verify.py", "where.text"): "a RowFilterSQL",
     ("replication/publication.py", "self.where.text"): "a RowFilterSQL",
     ("replication/publication.py", "'true' if via_partition_root else 'false'"): "constants",
     ("replication/slot.py", "'TEMPORARY ' if temporary else ''"): "constants",

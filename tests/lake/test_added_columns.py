@@ -13,11 +13,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from pgcdc.lake.missing import missing_values
-from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.results import PipelineError
-from pgcdc.lake.tables import LakeTable
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.store.tables import LakeTable
+from pgcdc.lake.store.target import DeltaTarget
+from pgcdc.lake.write.missing import missing_values
 from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from pgcdc.lake.batch import LakeBatchWriter
-from pgcdc.lake.tables import LakeLayout, LakeTable, TableKind
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.store.tables import LakeLayout, LakeTable, TableKind
+from pgcdc.lake.store.target import DeltaTarget
+from pgcdc.lake.write.batch import LakeBatchWriter
 from pgcdc.spark import table_column
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -275,7 +275,7 @@ def test_the_overview_counts_each_tables_changes_truncates_and_unchanged_columns
     """Per table: counts per operation, the LSN range, the truncates in LSN order, the columns
     some change left as unchanged TOAST (rows whose list is empty or null add none) and the
     updates with an old image and unchanged values."""
-    from pgcdc.lake.changes import Truncate, batch_overview
+    from pgcdc.lake.write.changes import Truncate, batch_overview
 
     other = ch("I", 150, 0, (9, "other", "x"))
     other = ("public.u", "public", "u", *other[3:-1], None)
@@ -358,7 +358,7 @@ def test_tables_of_a_batch_written_in_parallel_each_record_the_batch(
 def test_a_writer_that_lost_the_lake_commits_nothing(spark: Any, tmp_path: Path) -> None:
     """The fence (the run's lease on the lake, ``Lease.check``) is checked before each Delta
     commit: a run whose S3 lake another process took over writes nothing more."""
-    from pgcdc.lake.storage import LeaseLost
+    from pgcdc.lake.store.storage import LeaseLost
 
     lake = tmp_path / "lake"
     frames = [spark.createDataFrame(rows, schema()) for rows in BATCHES[:2]]

@@ -1,4 +1,4 @@
-"""``pgcdc.lake.changes``: the Column expressions a table's batches share are built once."""
+"""``pgcdc.lake.write.changes``: the Column expressions a table's batches share are built once."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pgcdc.lake.changes import expressions
+from pgcdc.lake.write.changes import expressions
 
 
 def test_expressions_are_built_once_across_foreach_batch_batches(

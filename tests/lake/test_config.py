@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pgcdc.lake.config import ConfigError, load_config, parse_config, split_table_name
-from pgcdc.lake.tables import LakeLayout, encode_name
+from pgcdc.lake.store.tables import LakeLayout, encode_name
 
 GOOD = """
 [source]
@@ -162,7 +162,7 @@ def test_session_conf_defaults_what_spark_conf_leaves_out(tmp_path: Path) -> Non
     batch held 100), and a sort's spill readers do not read ahead (some 80 of them held
     250 MiB of a 512 MiB heap), unless [spark.conf] says otherwise; [spark] driver_host is a
     default too."""
-    from pgcdc.lake.pipeline import (
+    from pgcdc.lake.run.pipeline import (
         CACHE_BATCH_ROWS_KEY,
         SPILL_READ_AHEAD_KEY,
         STREAM_RESET_KEY,
@@ -192,7 +192,7 @@ def test_session_conf_defaults_what_spark_conf_leaves_out(tmp_path: Path) -> Non
 
 def test_maintenance_settings() -> None:
     """[lake]'s maintenance keys default to ``Maintenance``'s defaults and reach it as set."""
-    from pgcdc.lake.maintenance import Maintenance
+    from pgcdc.lake.write.maintenance import Maintenance
 
     assert parse_config(BASE).lake.maintenance() == Maintenance()
     lake = {

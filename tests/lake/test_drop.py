@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 from pgcdc.cli import main
-from pgcdc.lake.state import RUN_LOCK, PipelineState, load_state, save_state
-from pgcdc.lake.tables import LakeLayout
+from pgcdc.lake.store.state import RUN_LOCK, PipelineState, load_state, save_state
+from pgcdc.lake.store.tables import LakeLayout
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background
 from tests.lake.test_status import write_config
@@ -214,9 +214,9 @@ def test_a_lake_in_use_refuses_a_second_run_and_drop(
     import threading
 
     from pgcdc.lake.config import load_config
-    from pgcdc.lake.monitor import RunObserver
-    from pgcdc.lake.pipeline import Pipeline
-    from pgcdc.lake.state import StateError
+    from pgcdc.lake.run.monitor import RunObserver
+    from pgcdc.lake.run.pipeline import Pipeline
+    from pgcdc.lake.store.state import StateError
 
     class HoldTheCopy(RunObserver):
         def __init__(self) -> None:

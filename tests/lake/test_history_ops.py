@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from pgcdc.lake.config import ConfigError
-from pgcdc.lake.pipeline import Pipeline
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.store.target import DeltaTarget
 from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from pgcdc.lake.batch import LakeBatchWriter
-from pgcdc.lake.delta import USER_METADATA, user_metadata
-from pgcdc.lake.keyindex import forget_indexes, index_folder
-from pgcdc.lake.maintenance import COMPACT_METADATA
-from pgcdc.lake.tables import LakeLayout, LakeTable
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.store.delta import USER_METADATA, user_metadata
+from pgcdc.lake.store.tables import LakeLayout, LakeTable
+from pgcdc.lake.store.target import DeltaTarget
+from pgcdc.lake.write.batch import LakeBatchWriter
+from pgcdc.lake.write.keyindex import forget_indexes, index_folder
+from pgcdc.lake.write.maintenance import COMPACT_METADATA
 from pgcdc.spark import table_column
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

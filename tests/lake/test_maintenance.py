@@ -1,5 +1,5 @@
-"""Compaction, purges and vacuum of the lake's Delta tables (pgcdc.lake.maintenance) with Delta's
-own operations: real Delta tables, and a real pipeline whose batches each add files."""
+"""Compaction, purges and vacuum of the lake's Delta tables (pgcdc.lake.write.maintenance) with
+Delta's own operations: real Delta tables, and a real pipeline whose batches each add files."""
 
 from __future__ import annotations
 
@@ -12,21 +12,20 @@ from typing import Any
 
 import pytest
 
-from pgcdc.lake.batch import CONFLICT_ATTEMPTS, again_on_conflict
-from pgcdc.lake.delta import create_table
-from pgcdc.lake.maintenance import (
+from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.store.delta import conflicts, create_table
+from pgcdc.lake.store.storage import LeaseLost
+from pgcdc.lake.store.target import DeltaTarget
+from pgcdc.lake.write.batch import CONFLICT_ATTEMPTS, again_on_conflict
+from pgcdc.lake.write.maintenance import (
     COMPACT_METADATA,
     GAVE_WAY_WARNING,
     PURGE_METADATA,
     BatchGate,
     Maintenance,
     MaintenanceWorker,
-    conflicts,
     deleted_share,
 )
-from pgcdc.lake.pipeline import Pipeline
-from pgcdc.lake.storage import LeaseLost
-from pgcdc.lake.target import DeltaTarget
 from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 
@@ -161,7 +160,7 @@ def test_a_vacuum_counts_for_the_next_process_through_the_tables_log(
     """Scheduled runs (``--until-caught-up`` every few minutes) vacuum a table once per
     ``vacuum_interval``, not once per run: a process that never vacuumed the table reads the
     last vacuum's time from its log."""
-    from pgcdc.lake import maintenance
+    from pgcdc.lake.write import maintenance
 
     path = _appended(spark, tmp_path / "t", 2)
     assert maintenance.last_vacuum(spark, path) is None

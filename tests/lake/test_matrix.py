@@ -29,8 +29,8 @@ import pyarrow.compute as pc
 import pytest
 from psycopg import sql
 
-from pgcdc.lake.pipeline import Pipeline
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.store.target import DeltaTarget
 from tests.fix_pg import PgDatabase
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 

@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pgcdc.lake.mirror import OP_COLUMN, merge_mirror
-from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME, LakeTable
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.store.tables import COMMIT_LSN, COMMIT_TIME, LakeTable
+from pgcdc.lake.store.target import DeltaTarget
+from pgcdc.lake.write.mirror import OP_COLUMN, merge_mirror
 
 TABLE = LakeTable("public", "items", ("id",), "d")
 

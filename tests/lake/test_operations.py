@@ -19,7 +19,7 @@ from rich.console import Console
 from pgcdc.cli import main
 from pgcdc.cli.throwaway_server import free_port
 from pgcdc.lake.config import load_config
-from pgcdc.lake.pipeline import Pipeline
+from pgcdc.lake.run.pipeline import Pipeline
 from pgcdc.lsn import Lsn
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background

@@ -18,8 +18,8 @@ def test_every_public_name_resolves_to_its_module() -> None:
 
 def test_the_copy_task_module_does_not_import_the_pipeline() -> None:
     code = (
-        "import sys, pgcdc.lake.snapshot; "
-        "print(sorted(m for m in ('pgcdc.lake.pipeline', 'pgcdc.lake.config', 'pydantic') "
+        "import sys, pgcdc.lake.write.snapshot; "
+        "print(sorted(m for m in ('pgcdc.lake.run.pipeline', 'pgcdc.lake.config', 'pydantic') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -25,14 +25,14 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from pgcdc.lake.catalog import ensure_publication
 from pgcdc.lake.config import ConfigError, PipelineConfig, parse_config
-from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.results import PipelineError
-from pgcdc.lake.state import PipelineState, save_state
-from pgcdc.lake.tables import HISTORY_COLUMNS, IS_CURRENT, MIRROR_COLUMNS, LakeTable
-from pgcdc.lake.target import DeltaTarget
-from pgcdc.lake.verify import compare_tables
+from pgcdc.lake.run.catalog import ensure_publication
+from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.run.verify import compare_tables
+from pgcdc.lake.store.state import PipelineState, save_state
+from pgcdc.lake.store.tables import HISTORY_COLUMNS, IS_CURRENT, MIRROR_COLUMNS, LakeTable
+from pgcdc.lake.store.target import DeltaTarget
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background
 from tests.lake.workload import SCHEMA, TABLES, Workload
@@ -93,7 +93,7 @@ def assert_equal(pipeline: Pipeline) -> None:
 
 def differing_rows(pipeline: Pipeline, table_id: str, limit: int = 5) -> str:
     """Rows only in the source and only in the lake (for a failing comparison's message)."""
-    from pgcdc.lake.verify import lake_rows, source_rows
+    from pgcdc.lake.run.verify import lake_rows, source_rows
 
     assert pipeline.plan is not None
     table = pipeline.plan.table(table_id)

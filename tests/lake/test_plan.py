@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from pgcdc.lake.bootstrap import config_problems
-from pgcdc.lake.catalog import ensure_publication, plan_source
 from pgcdc.lake.config import ConfigError, PipelineConfig, parse_config
-from pgcdc.lake.state import PipelineState
+from pgcdc.lake.run.bootstrap import config_problems
+from pgcdc.lake.run.catalog import ensure_publication, plan_source
+from pgcdc.lake.store.state import PipelineState
 from tests.fix_pg import PgDatabase
 
 SCHEMA = """

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from pgcdc.lake.config import load_config
-from pgcdc.lake.tables import LakeLayout
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.store.tables import LakeLayout
+from pgcdc.lake.store.target import DeltaTarget
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_s3 import S3ProxyServer, s3_client, s3_env
 
@@ -99,8 +99,8 @@ def lake_rows(config: Path, table: str, kind: str = "mirror") -> list[tuple[Any,
 SPARK_READ = """
 import json, sys
 from pgcdc.lake.config import load_config
-from pgcdc.lake.pipeline import session_conf
-from pgcdc.lake.tables import LakeLayout
+from pgcdc.lake.run.pipeline import session_conf
+from pgcdc.lake.store.tables import LakeLayout
 from pgcdc.spark import spark_session
 
 config = load_config(sys.argv[1])

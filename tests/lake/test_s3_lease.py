@@ -1,4 +1,4 @@
-"""One process per lake on S3: the lease object (``pgcdc.lake.storage``) against a real
+"""One process per lake on S3: the lease object (``pgcdc.lake.store.storage``) against a real
 S3-compatible server. S3 has no flock; Delta's S3 log store is safe for one writer only."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from pgcdc.lake import storage
 from pgcdc.lake.config import LakeSettings
-from pgcdc.lake.state import (
+from pgcdc.lake.store import storage
+from pgcdc.lake.store.state import (
     PipelineState,
     StateError,
     check_writable,
@@ -23,8 +23,8 @@ from pgcdc.lake.state import (
     run_lock,
     save_state,
 )
-from pgcdc.lake.storage import LakeLocation, LakePath, LeaseLost, S3Settings, StorageError
-from pgcdc.lake.tables import LakeLayout
+from pgcdc.lake.store.storage import LakeLocation, LakePath, LeaseLost, S3Settings, StorageError
+from pgcdc.lake.store.tables import LakeLayout
 from tests.fix_s3 import S3ProxyServer, s3_client
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.results import PipelineError
+from pgcdc.lake.run.pipeline import Pipeline
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background
 from tests.lake.test_pipeline import assert_equal, make_config, mirror_rows
@@ -143,8 +143,8 @@ def test_ddl_while_a_query_runs_stops_it_before_the_next_batch(
 def test_a_key_in_another_column_order_is_the_same_key() -> None:
     """The lake matches rows on the set of key columns: a primary key rebuilt as (b, a), or the
     replica identity moved to a unique index over (b, a), changes nothing there."""
-    from pgcdc.lake.shape import shape_problem
-    from pgcdc.lake.tables import LakeTable
+    from pgcdc.lake.run.shape import shape_problem
+    from pgcdc.lake.store.tables import LakeTable
     from pgcdc.replication.source_catalog import TableShape
 
     now = TableShape(42, {"a": (1, 23, -1), "b": (2, 23, -1)})
@@ -158,8 +158,8 @@ def test_a_state_from_before_shapes_still_catches_a_rename() -> None:
     """A lake written before shapes were recorded has column numbers only: a column renamed
     while the older pgcdc was stopped is still caught (its number under another name), and
     nothing else is judged."""
-    from pgcdc.lake.shape import shape_problem
-    from pgcdc.lake.tables import LakeTable
+    from pgcdc.lake.run.shape import shape_problem
+    from pgcdc.lake.store.tables import LakeTable
     from pgcdc.replication.source_catalog import TableShape
 
     table = LakeTable("public", "t", ("id",), "d")

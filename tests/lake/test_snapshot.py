@@ -1,4 +1,5 @@
-"""The initial copy (pgcdc.lake.snapshot): real PostgreSQL, real local Spark, real Delta tables.
+"""The initial copy (pgcdc.lake.write.snapshot): real PostgreSQL, real local Spark, real Delta
+tables.
 
 * the Arrow rows the copy tasks write (``arrow_rows``) are exactly the rows ``snapshot_rows``
   gives in Spark, for the mirror, the history and the changelog of tables of every column type;
@@ -18,8 +19,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from pgcdc.lake.pipeline import Pipeline
-from pgcdc.lake.snapshot import (
+from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.store.storage import LeaseLost
+from pgcdc.lake.store.tables import ROW_ID, LakeLayout, LakeTable
+from pgcdc.lake.store.target import DeltaTarget
+from pgcdc.lake.write.snapshot import (
     DICTIONARY_SAMPLE,
     SnapshotResult,
     _remove_after,
@@ -31,9 +35,6 @@ from pgcdc.lake.snapshot import (
     snapshot_rows,
     write_snapshot,
 )
-from pgcdc.lake.storage import LeaseLost
-from pgcdc.lake.tables import ROW_ID, LakeLayout, LakeTable
-from pgcdc.lake.target import DeltaTarget
 from pgcdc.spark import read_snapshot, snapshot_options, snapshot_reader, table_column
 from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import make_config
@@ -229,7 +230,7 @@ def test_file_statistics_bound_every_value_or_give_none(tmp_path: Path) -> None:
 
     import pyarrow.parquet as pq
 
-    from pgcdc.lake.snapshot import SnapshotOutput, file_stats
+    from pgcdc.lake.write.snapshot import SnapshotOutput, file_stats
 
     long = "z" * 5000
     days = pa.array([0, 2_932_897 + 10], pa.int32()).cast(pa.date32())  # 1970, year 10000

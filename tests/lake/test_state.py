@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pgcdc.lake.state import (
+from pgcdc.lake.store.state import (
     STATE_FORMAT,
     PipelineState,
     StateError,
@@ -16,7 +16,7 @@ from pgcdc.lake.state import (
     load_state,
     save_state,
 )
-from pgcdc.lake.tables import LakeLayout
+from pgcdc.lake.store.tables import LakeLayout
 
 
 def test_a_state_round_trips(tmp_path: Path) -> None:
@@ -77,8 +77,8 @@ def test_torn_checkpoint_writes_are_removed(tmp_path: Path) -> None:
     """A kill -9 while Spark renamed the first offset file left ``offsets/.0.<uuid>.tmp``:
     Spark then refused the checkpoint on every start (it must be empty at batch 0). The
     temporary files go; the logs' own files stay."""
-    from pgcdc.lake.state import remove_torn_writes
-    from pgcdc.lake.storage import LakePath
+    from pgcdc.lake.store.state import remove_torn_writes
+    from pgcdc.lake.store.storage import LakePath
 
     offsets = tmp_path / "offsets"
     commits = tmp_path / "commits"

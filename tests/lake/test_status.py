@@ -14,8 +14,8 @@ import pytest
 from psycopg import sql
 
 from pgcdc.cli import main
-from pgcdc.lake.tables import LakeLayout
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.store.tables import LakeLayout
+from pgcdc.lake.store.target import DeltaTarget
 from pgcdc.lsn import Lsn
 from tests.fix_pg import PgDatabase, newest_server
 
@@ -192,9 +192,9 @@ def test_status_reports_a_failing_batch_until_one_is_applied(
     run; ``status`` shows it and exits 1 while it stands; a run that applies the batch clears
     it and ``status`` exits 0 again (issue 24)."""
     from pgcdc.lake.config import load_config
-    from pgcdc.lake.pipeline import Pipeline
     from pgcdc.lake.results import PipelineError
-    from pgcdc.lake.state import load_state
+    from pgcdc.lake.run.pipeline import Pipeline
+    from pgcdc.lake.store.state import load_state
 
     pg.execute("CREATE TABLE items (id int PRIMARY KEY, qty int)")
     pg.execute("INSERT INTO items SELECT g, g FROM generate_series(1, 20) g")

@@ -1,4 +1,4 @@
-"""Tables joining and leaving a running lake (``pgcdc.lake.table_set``): real PostgreSQL, real
+"""Tables joining and leaving a running lake (``pgcdc.lake.run.table_set``): real PostgreSQL, real
 Spark, Delta tables read back.
 
 * A table created on the source and matched by a pattern joins at the next start: copied in a
@@ -26,11 +26,11 @@ import pytest
 
 from pgcdc.cli import main
 from pgcdc.cli.status import collect
-from pgcdc.lake.monitor import RunObserver
-from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.results import PipelineError
-from pgcdc.lake.state import load_state
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.run.monitor import RunObserver
+from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.store.state import load_state
+from pgcdc.lake.store.target import DeltaTarget
 from pgcdc.lsn import Lsn
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background

@@ -21,8 +21,8 @@ import pytest
 from psycopg import sql
 
 from pgcdc.lake.config import ConfigError
-from pgcdc.lake.pipeline import Pipeline
 from pgcdc.lake.results import PipelineError
+from pgcdc.lake.run.pipeline import Pipeline
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background
 from tests.lake.test_pipeline import assert_equal, make_config, mirror_rows

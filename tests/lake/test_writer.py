@@ -1,5 +1,5 @@
-"""``pgcdc.lake.target.DeltaTarget`` (delta-rs) on tables Delta's Spark connector writes: what it
-says of a table follows the table on disk, though it keeps loaded tables between checks; rows
+"""``pgcdc.lake.store.target.DeltaTarget`` (delta-rs) on tables Delta's Spark connector writes: what
+it says of a table follows the table on disk, though it keeps loaded tables between checks; rows
 come back with deletion vectors applied and in canonical Arrow layouts."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from pgcdc.lake.delta import create_table
-from pgcdc.lake.target import DeltaTarget, canonical_type
+from pgcdc.lake.store.delta import create_table
+from pgcdc.lake.store.target import DeltaTarget, canonical_type
 
 APP = "app-1"
 

@@ -573,7 +573,7 @@ class PgcdcRun:
         """Where the mirror of ``schema.table`` is (its lake's settings registered, so that
         ``DeltaTarget`` reads it)."""
         from pgcdc.lake.config import load_config
-        from pgcdc.lake.tables import LakeLayout
+        from pgcdc.lake.store.tables import LakeLayout
 
         layout = LakeLayout(load_config(self.write_config()).lake.location())
         return str(layout.table_path(schema, table))

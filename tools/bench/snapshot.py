@@ -27,7 +27,7 @@ from typing import Any
 
 from psycopg import sql
 
-from pgcdc.lake.target import DeltaTarget
+from pgcdc.lake.store.target import DeltaTarget
 from tools.bench.harness import (
     PgcdcRun,
     add_common_arguments,

@@ -37,8 +37,8 @@ from pgcdc.lsn import Lsn
 
 if TYPE_CHECKING:  # the lake (Spark, delta-rs, pyarrow) is imported when the demo runs
     from pgcdc.lake.config import PipelineConfig
-    from pgcdc.lake.pipeline import Pipeline
-    from pgcdc.lake.verify import TableCheck
+    from pgcdc.lake.run.pipeline import Pipeline
+    from pgcdc.lake.run.verify import TableCheck
 
 NAME = "demo"
 
@@ -179,7 +179,7 @@ def _workload(dsn: str, seconds: float, rate: float, seed: int, counts: _Counts)
 
 def _lake_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``[lake]`` of the demo's pipeline: ``--lake`` (a local one made absolute)."""
-    from pgcdc.lake.storage import is_s3_uri
+    from pgcdc.lake.store.storage import is_s3_uri
 
     if not is_s3_uri(args.lake):
         return {"path": str(Path(args.lake).resolve())}
@@ -191,7 +191,7 @@ def _lake_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _config(dsn: str, lake: dict[str, Any], master: str, interval: float) -> PipelineConfig:
     from pgcdc.lake.config import parse_config
-    from pgcdc.lake.storage import is_s3_uri
+    from pgcdc.lake.store.storage import is_s3_uri
 
     settings: dict[str, Any] = {
         "source": {"dsn": dsn, "slot": "pgcdc_demo", "publication": "pgcdc_demo"},
@@ -224,9 +224,9 @@ def query_command(config: PipelineConfig) -> str:
 
     import pyspark
 
-    from pgcdc.lake.delta import DELTA_PACKAGE, connector_jars, delta_settings
-    from pgcdc.lake.metastore import CONNECTION_URL, IMPLEMENTATION, catalog_conf
-    from pgcdc.lake.tables import LakeLayout
+    from pgcdc.lake.store.delta import DELTA_PACKAGE, connector_jars, delta_settings
+    from pgcdc.lake.store.metastore import CONNECTION_URL, IMPLEMENTATION, catalog_conf
+    from pgcdc.lake.store.tables import LakeLayout
 
     home = Path(pyspark.__file__).resolve().parent
     argv = [f"SPARK_HOME={shlex.quote(str(home))}", str(home / "bin" / "spark-sql")]
@@ -257,7 +257,7 @@ def query_command(config: PipelineConfig) -> str:
 def _prepare_lake(config: PipelineConfig) -> str:
     """Remove a previous demo lake at the configured place (refusing anything else there); the
     lake's place, as the demo names it."""
-    from pgcdc.lake.tables import LakeLayout
+    from pgcdc.lake.store.tables import LakeLayout
 
     location = config.lake.location()
     if location.is_s3 and not location.prefix:  # buckets are shared: never empty a whole one
@@ -310,10 +310,10 @@ def _results(checks: list[TableCheck]) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pgcdc.lake.pipeline import Pipeline
-    from pgcdc.lake.tables import IS_CURRENT
-    from pgcdc.lake.target import DeltaTarget
-    from pgcdc.lake.verify import compare_tables
+    from pgcdc.lake.run.pipeline import Pipeline
+    from pgcdc.lake.run.verify import compare_tables
+    from pgcdc.lake.store.tables import IS_CURRENT
+    from pgcdc.lake.store.target import DeltaTarget
 
     console = Console(stderr=True)
     versions = available_versions()

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 if TYPE_CHECKING:  # the lake is imported when the command runs
-    from pgcdc.lake.state import PipelineState
-    from pgcdc.lake.tables import LakeLayout
+    from pgcdc.lake.store.state import PipelineState
+    from pgcdc.lake.store.tables import LakeLayout
 
 log = logging.getLogger("pgcdc.drop")
 
@@ -81,8 +81,8 @@ def _say(console: Console, text: str, style: str | None = None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pgcdc.lake.config import ConfigError, load_config
-    from pgcdc.lake.state import StateError, run_lock
-    from pgcdc.lake.tables import LakeLayout
+    from pgcdc.lake.store.state import StateError, run_lock
+    from pgcdc.lake.store.tables import LakeLayout
     from pgcdc.replication.slot import ACTIVE_WAIT_SECONDS
 
     console = Console(stderr=True)
@@ -120,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _drop(args: argparse.Namespace, config: Any, layout: Any, console: Console) -> int:
     from pgcdc.lake.config import ConfigError
-    from pgcdc.lake.metastore import CatalogError, Registrar
-    from pgcdc.lake.state import StateError, load_state
+    from pgcdc.lake.store.metastore import CatalogError, Registrar
+    from pgcdc.lake.store.state import StateError, load_state
     from pgcdc.replication import (
         ReplicationError,
         drop_publication,
@@ -260,8 +260,8 @@ def _unregister(config: Any, layout: Any) -> list[str]:
     """Remove what pgcdc registered from the catalog, in a Spark session with the pipeline's
     catalog settings (those of ``[catalog]`` with its defaults when the file has none now)."""
     from pgcdc.lake.config import CatalogSettings
-    from pgcdc.lake.metastore import Registrar
-    from pgcdc.lake.pipeline import session_conf
+    from pgcdc.lake.run.pipeline import session_conf
+    from pgcdc.lake.store.metastore import Registrar
     from pgcdc.spark import spark_session
 
     if config.catalog is None:
@@ -277,7 +277,7 @@ def _unregister(config: Any, layout: Any) -> list[str]:
 
 def _mark_dropped(state: PipelineState | None, layout: LakeLayout, *, dropped: bool) -> None:
     """Record the drop in the lake's state (a later run then refuses to copy into it)."""
-    from pgcdc.lake.state import save_state
+    from pgcdc.lake.store.state import save_state
 
     if state is None or state.dropped_at is not None:
         return

@@ -105,7 +105,7 @@ def _size(n: float) -> str:
 
 
 class _Display:
-    """The run's progress (a ``pgcdc.lake.monitor.Observer``): rich bars on a terminal, else
+    """The run's progress (a ``pgcdc.lake.run.monitor.Observer``): rich bars on a terminal, else
     plain lines (or log records) at most every ``every`` seconds, or nothing when quiet."""
 
     def __init__(self, out: _Output, every: float = 5.0) -> None:
@@ -302,12 +302,12 @@ class _Display:
 
 def run(args: argparse.Namespace) -> int:
     from pgcdc.lake.config import ConfigError, load_config
-    from pgcdc.lake.metastore import CatalogError
-    from pgcdc.lake.pipeline import Pipeline
     from pgcdc.lake.results import PipelineError
-    from pgcdc.lake.schema_evolution import SchemaEvolutionError
-    from pgcdc.lake.state import StateError
-    from pgcdc.lake.verify import compare_tables
+    from pgcdc.lake.run.pipeline import Pipeline
+    from pgcdc.lake.run.verify import compare_tables
+    from pgcdc.lake.store.metastore import CatalogError
+    from pgcdc.lake.store.state import StateError
+    from pgcdc.lake.write.schema_evolution import SchemaEvolutionError
     from pgcdc.replication import ReplicationError, scrub_secrets
 
     console = Console(stderr=True)
@@ -344,8 +344,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan = pipeline.check()
         if args.check:
-            from pgcdc.lake.bootstrap import start_point
-            from pgcdc.lake.state import check_writable
+            from pgcdc.lake.run.bootstrap import start_point
+            from pgcdc.lake.store.state import check_writable
 
             # what run would refuse at start (a dropped, lost or foreign slot); reads only
             start_point(config, pipeline.state, pipeline.dsn)

@@ -55,9 +55,9 @@ from pgcdc.lsn import Lsn
 
 if TYPE_CHECKING:  # the lake (delta-rs, pyarrow) is imported when the command runs
     from pgcdc.lake.config import PipelineConfig
-    from pgcdc.lake.state import BatchFailure, PipelineState
-    from pgcdc.lake.storage import LakePath
-    from pgcdc.lake.tables import LakeLayout
+    from pgcdc.lake.store.state import BatchFailure, PipelineState
+    from pgcdc.lake.store.storage import LakePath
+    from pgcdc.lake.store.tables import LakeLayout
 
 NAME = "status"
 
@@ -114,8 +114,8 @@ def _table_status(layout: LakeLayout, table_id: str, state: PipelineState) -> di
     """One lake table's report: its mirror (rows, version, newest change, last batch) and its
     phase: ``streaming`` (mirrored), ``copying`` (added, its copy not finished) or ``removed``
     (no longer in the configuration: kept, no longer written)."""
-    from pgcdc.lake.tables import COMMIT_LSN, COMMIT_TIME
-    from pgcdc.lake.target import DeltaTarget, commit_metadata
+    from pgcdc.lake.store.tables import COMMIT_LSN, COMMIT_TIME
+    from pgcdc.lake.store.target import DeltaTarget, commit_metadata
 
     phase = state.phases.get(table_id)
     if phase is not None:
@@ -199,7 +199,7 @@ def _table_status(layout: LakeLayout, table_id: str, state: PipelineState) -> di
 
 def _last_stream_batch(layout: LakeLayout, state: PipelineState) -> int | None:
     """The last micro-batch Spark committed (its streaming checkpoint's commit log)."""
-    from pgcdc.lake.state import committed_batch
+    from pgcdc.lake.store.state import committed_batch
 
     return committed_batch(state.checkpoint(layout))
 
@@ -210,9 +210,9 @@ def _when(failure: BatchFailure) -> tuple[str, int]:
 
 def _failure(layout: LakeLayout, state: PipelineState | None) -> dict[str, Any] | None:
     """The failed batch: the state's, or a newer one a run kept outside the lake because the
-    state could not be written (``pgcdc.lake.state.save_failure_note``); and whether it stands
+    state could not be written (``pgcdc.lake.store.state.save_failure_note``); and whether it stands
     (not applied since)."""
-    from pgcdc.lake.state import committed_batch, load_failure_note
+    from pgcdc.lake.store.state import committed_batch, load_failure_note
 
     failure = None if state is None else state.last_failure
     if state is None:
@@ -244,8 +244,8 @@ def _failure(layout: LakeLayout, state: PipelineState | None) -> dict[str, Any] 
 def collect(config: PipelineConfig, *, now: datetime | None = None) -> dict[str, Any]:
     """Everything ``status`` reports, as a JSON-ready dict; raises ``ReplicationError`` when
     the source cannot be reached and ``StateError`` when the state cannot be read."""
-    from pgcdc.lake.state import load_state
-    from pgcdc.lake.tables import LakeLayout
+    from pgcdc.lake.store.state import load_state
+    from pgcdc.lake.store.tables import LakeLayout
     from pgcdc.replication import SlotNotFoundError, slot_health, slot_info
     from pgcdc.replication.database import connect_sql
 
@@ -425,7 +425,7 @@ def _parse_lsn(text: str | None) -> Lsn | None:
 def _size(n: int | None) -> str:
     if n is None:
         return "-"
-    from pgcdc.lake.monitor import human_size
+    from pgcdc.lake.run.monitor import human_size
 
     return f"{human_size(n)} ({n} bytes)" if n >= 1024 else f"{n} bytes"
 
@@ -548,7 +548,7 @@ def render(report: dict[str, Any], console: Console) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pgcdc.lake.config import ConfigError, load_config
-    from pgcdc.lake.state import StateError
+    from pgcdc.lake.store.state import StateError
     from pgcdc.replication import ReplicationError, scrub_secrets
 
     err = Console(stderr=True)

@@ -3,7 +3,7 @@
 Layer: uses ``pgcdc.spark`` (the source), ``pgcdc.filters``, ``pgcdc.replication`` and below.
 Transformations (ordering, per-key reduction, history rows, casts, routing) run in Spark, and
 every table is written by Delta Lake's own Spark connector on the executors (MERGE with
-deletion vectors, appends; ``pgcdc.lake.delta``), each commit with an application transaction
+deletion vectors, appends; ``pgcdc.lake.store.delta``), each commit with an application transaction
 ``(app id, version)`` so a replayed batch is skipped, never applied twice. delta-rs
 (``deltalake``) only reads the tables (status, verification).
 
@@ -14,7 +14,7 @@ Tables, per source table ``schema.table`` (``tables.encode_name`` makes names pa
     the change that last wrote the row (the consistent point / snapshot time for copied rows).
     One row per key (primary key, replica identity index); a table without either (REPLICA
     IDENTITY FULL) has one row per copy of its rows, told apart by ``__row_id``
-    (``pgcdc.lake.multiset``).
+    (``pgcdc.lake.write.multiset``).
 ``<lake>/<schema>/<table>.history``: the history (SCD type 2), if ``history = true``
     the source's columns, plus ``__start_lsn``, ``__start_at``, ``__end_lsn``, ``__end_at``
     (NULL while current), ``__is_current``, ``__start_op`` ('S' snapshot, 'I' insert, 'U'
@@ -65,9 +65,13 @@ out-of-order events      late rows are reconciled by sequence    cannot happen: 
                                                                  order
 ======================  ======================================  ==================================
 
-Entry points: ``config.load_config`` (``pipeline.toml``), ``pipeline.Pipeline`` (``run``),
-``verify.compare_tables`` (mirror = source?), ``batch.LakeBatchWriter`` (the
-``foreachBatch`` function).
+The package is three rooms, each importing only the ones before it: ``store`` (storage,
+state, table layout, Delta's connector and log, delta-rs reads), ``write`` (a micro-batch's
+Delta work, the initial copy's files, maintenance) and ``run`` (a pipeline's life: planning,
+bootstrap, copy, stream, failures, monitoring, verification); ``config``, ``results`` and
+``diagnosis`` sit beside them. Entry points: ``config.load_config`` (``pipeline.toml``),
+``run.pipeline.Pipeline`` (``run``), ``run.verify.compare_tables`` (mirror = source?),
+``write.batch.LakeBatchWriter`` (the ``foreachBatch`` function).
 """
 
 from __future__ import annotations
@@ -77,25 +81,25 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pgcdc.lake.config import ConfigError, PipelineConfig, load_config, parse_config
-    from pgcdc.lake.pipeline import Pipeline, RunResult
     from pgcdc.lake.results import PipelineError
-    from pgcdc.lake.tables import LakeLayout, LakeTable, encode_name
-    from pgcdc.lake.verify import TableCheck, compare_tables
+    from pgcdc.lake.run.pipeline import Pipeline, RunResult
+    from pgcdc.lake.run.verify import TableCheck, compare_tables
+    from pgcdc.lake.store.tables import LakeLayout, LakeTable, encode_name
 
 #: The public names, imported when first used: Spark's Python workers unpickle the copy and
 #: staging tasks of ``pgcdc.lake`` modules, and need neither the pipeline nor its
 #: configuration (pydantic), which would add about a second to every worker's start.
 _EXPORTS = {
     "ConfigError": "pgcdc.lake.config",
-    "LakeLayout": "pgcdc.lake.tables",
-    "LakeTable": "pgcdc.lake.tables",
-    "Pipeline": "pgcdc.lake.pipeline",
+    "LakeLayout": "pgcdc.lake.store.tables",
+    "LakeTable": "pgcdc.lake.store.tables",
+    "Pipeline": "pgcdc.lake.run.pipeline",
     "PipelineConfig": "pgcdc.lake.config",
-    "PipelineError": "pgcdc.lake.failures",
-    "RunResult": "pgcdc.lake.pipeline",
-    "TableCheck": "pgcdc.lake.verify",
-    "compare_tables": "pgcdc.lake.verify",
-    "encode_name": "pgcdc.lake.tables",
+    "PipelineError": "pgcdc.lake.results",
+    "RunResult": "pgcdc.lake.run.pipeline",
+    "TableCheck": "pgcdc.lake.run.verify",
+    "compare_tables": "pgcdc.lake.run.verify",
+    "encode_name": "pgcdc.lake.store.tables",
     "load_config": "pgcdc.lake.config",
     "parse_config": "pgcdc.lake.config",
 }

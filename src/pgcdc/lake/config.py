@@ -34,11 +34,11 @@ Reference (defaults in brackets):
 ``[lake]``
     ``path``: the lake folder (local, a shared filesystem mounted at the same path on every
     Spark machine, or an S3 prefix); ``history`` [false] and ``changelog`` [false]: defaults
-    for every table; ``write`` ["indexed"]: "indexed" or "merge" (``pgcdc.lake.indexed``);
+    for every table; ``write`` ["indexed"]: "indexed" or "merge" (``pgcdc.lake.write.indexed``);
     ``compact_files`` [100], ``target_file_size`` ["16MB"], ``purge_deleted_share`` [0.25],
     ``vacuum`` [true], ``vacuum_retention_hours`` [168] and ``vacuum_interval`` [3600]:
     compaction of each Delta table's small files, purging of the rows its deletion vectors mark
-    and removal of replaced files, between batches (``pgcdc.lake.maintenance``). ``path`` may
+    and removal of replaced files, between batches (``pgcdc.lake.write.maintenance``). ``path`` may
     be ``s3://bucket/prefix``: ``[lake.s3]`` then says how to reach the store (``endpoint``,
     ``region`` ["us-east-1"], ``path_style`` [false]); credentials come from the environment.
 ``[spark]``
@@ -57,7 +57,7 @@ Reference (defaults in brackets):
     ``run`` runs; ``addr`` ["127.0.0.1"]: the address to listen on (``"0.0.0.0"`` lets a
     Prometheus on another machine scrape it).
 ``[catalog]`` (absent: none)
-    register every lake table in the Spark session's catalog (``pgcdc.lake.metastore``):
+    register every lake table in the Spark session's catalog (``pgcdc.lake.store.metastore``):
     ``database`` ["{schema}"] and ``table`` ["{table}"], the mirror's name as patterns of the
     source's ``{schema}`` and ``{table}``; ``history_suffix`` ["_history"] and
     ``changelog_suffix`` ["_changelog"]; ``[catalog.names]``: ``"schema.table" =
@@ -119,9 +119,9 @@ from pydantic import (
 
 from pgcdc.errors import PgcdcError
 from pgcdc.filters import RowFilter, RowFilterError
-from pgcdc.lake.maintenance import Maintenance
-from pgcdc.lake.metastore import embedded_metastore
-from pgcdc.lake.storage import LakeLocation, S3Settings, is_s3_uri
+from pgcdc.lake.store.metastore import embedded_metastore
+from pgcdc.lake.store.storage import LakeLocation, S3Settings, is_s3_uri
+from pgcdc.lake.write.maintenance import Maintenance
 from pgcdc.protocol.filter_sql import RowFilterSQL
 from pgcdc.replication import check_publication_name, scrub_secrets
 from pgcdc.sizes import parse_size

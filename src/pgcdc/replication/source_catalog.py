@@ -2,7 +2,7 @@
 keys, types' missing values and privileges, in one place, each returning plain typed rows.
 
 The Spark source's catalog (``pgcdc.spark.catalog``), the pipeline's plan and column checks
-(``pgcdc.lake.catalog``) and its start (``pgcdc.lake.bootstrap``) build their own views from
+(``pgcdc.lake.run.catalog``) and its start (``pgcdc.lake.run.bootstrap``) build their own views from
 these rows. Publications and slots are read by their own modules (``publication``, ``slot``);
 the initial copy's checks inside its exported snapshot run on the copy's own connection
 (``pgcdc.spark.snapshot``). Every function takes an open psycopg 3 connection; names reach the

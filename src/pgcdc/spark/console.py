@@ -10,7 +10,7 @@ start-up notices stay off a user's terminal:
   ``spark.driver.extraJavaOptions`` replaces it; none when the path has white space):
   warnings and errors, one JSON line each.
   pgcdc reports every failure that reaches it, reduced to its root cause
-  (``pgcdc.lake.failures``), so Spark's own account of it (each task's error, with Java stack
+  (``pgcdc.lake.run.failures``), so Spark's own account of it (each task's error, with Java stack
   traces) is logged at DEBUG: logger ``pgcdc.spark.jvm``, fields ``jvm_level`` and
   ``jvm_logger``, the stack trace as the record's exception.
 * Other lines of its standard output (Delta's VACUUM prints what it deleted) are logged at

@@ -13,7 +13,7 @@ by class, through py4j while the JVM runs (``JavaCause``: the class and its supe
 message, and what Java gives beyond it: a file system error's file and reason, a Spark error's
 ``path`` parameter, an AWS service error's code and HTTP status); an error that reached Python
 as text only (one that crossed a Python callback into the JVM and back) is read from its text.
-``pgcdc.lake.failures`` turns them into a cause and a fix.
+``pgcdc.lake.run.failures`` turns them into a cause and a fix.
 """
 
 from __future__ import annotations

@@ -1,0 +1,473 @@
+"""Delta Lake's lower-level JVM APIs, wrapped in one place: a table's log, its deletion-vector
+store and its commit API, as Delta's own DML commands use them.
+
+pgcdc's write path commits most batches itself instead of running Delta's MERGE (whose cost
+follows the table's size, not the batch's): the batch's rows are written as new Parquet files,
+the rows they replace are marked in deletion vectors, and the table moves in one commit. Every
+step goes through Delta's Spark connector (``io.delta:delta-spark``, pinned with pyspark in
+``pgcdc.lake.store.delta.DELTA_VERSION``) over py4j:
+
+* ``DeltaLog.forTable`` / ``update`` for the table's version and metadata (no Spark job);
+* ``DeltaLog.getChanges`` for the commits since a version (their actions read from the JSON
+  files: application transactions, commit metadata, files added and removed; no Spark job);
+* ``HadoopFileSystemDVStore`` to read a file's deletion vector and write the new ones (one
+  file of deletion vectors per commit, as Delta's DML does), with ``RoaringBitmapArray`` in its
+  portable format;
+* ``OptimisticTransaction.commit`` started from the snapshot the batch read, so that Delta's
+  conflict checks see every concurrent commit (a compaction that removed a file this commit
+  marks rows of makes it fail; the caller writes again).
+
+Nothing here reads rows. The APIs used are those of ``DELTA_VERSION``; tests run them against
+Spark's Delta reader and delta-rs, and against the MERGE path, on the pinned version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from pgcdc.lake.store.delta import USER_METADATA, user_metadata
+
+__all__ = [
+    "Commit",
+    "DataFile",
+    "TableLog",
+]
+
+#: per (table path, app id): (table version, the app's transaction version then)
+_TXNS: dict[tuple[str, str], tuple[int, int | None]] = {}
+_TXN_LOCK = threading.Lock()
+
+log = logging.getLogger("pgcdc.lake")
+
+#: RoaringBitmapArray's portable serialization (Delta's deletion-vector format)
+_PORTABLE_MAGIC = 1681511377
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """A data file as the table's log lists it (its ``add`` action, as JSON fields)."""
+
+    path: str
+    size: int
+    #: the rows the file holds, deleted ones included (``numRecords``); -1 when unknown
+    records: int
+    stats: str | None = None
+    modification_time: int = 0
+    deletion_vector: Mapping[str, Any] | None = None
+    partition_values: Mapping[str, str] = field(default_factory=dict)
+    tags: Mapping[str, str] | None = None
+
+    @property
+    def deleted(self) -> int:
+        """Rows its deletion vector marks deleted."""
+        dv = self.deletion_vector
+        return 0 if dv is None else int(dv.get("cardinality", 0))
+
+    @classmethod
+    def from_add(cls, add: Mapping[str, Any]) -> DataFile:
+        stats = add.get("stats")
+        records = -1
+        if isinstance(stats, str):
+            try:
+                records = int(json.loads(stats).get("numRecords", -1))
+            except (ValueError, TypeError, AttributeError):
+                records = -1
+        return cls(
+            path=str(add["path"]),
+            size=int(add.get("size", 0)),
+            records=records,
+            stats=stats if isinstance(stats, str) else None,
+            modification_time=int(add.get("modificationTime", 0)),
+            deletion_vector=add.get("deletionVector"),
+            partition_values=dict(add.get("partitionValues") or {}),
+            tags=add.get("tags"),
+        )
+
+    def add_action(self, *, data_change: bool = True) -> dict[str, Any]:
+        add: dict[str, Any] = {
+            "path": self.path,
+            "partitionValues": dict(self.partition_values),
+            "size": self.size,
+            "modificationTime": self.modification_time,
+            "dataChange": data_change,
+        }
+        if self.stats is not None:
+            add["stats"] = self.stats
+        if self.deletion_vector is not None:
+            add["deletionVector"] = dict(self.deletion_vector)
+        if self.tags:
+            add["tags"] = dict(self.tags)
+        return {"add": add}
+
+    def remove_action(self, now: int, *, data_change: bool = True) -> dict[str, Any]:
+        remove: dict[str, Any] = {
+            "path": self.path,
+            "deletionTimestamp": now,
+            "dataChange": data_change,
+            "extendedFileMetadata": True,
+            "partitionValues": dict(self.partition_values),
+            "size": self.size,
+        }
+        if self.stats is not None:
+            remove["stats"] = self.stats
+        if self.deletion_vector is not None:
+            remove["deletionVector"] = dict(self.deletion_vector)
+        if self.tags:
+            remove["tags"] = dict(self.tags)
+        return {"remove": remove}
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """One commit of a table's log, as ``TableLog.commits`` reads it."""
+
+    version: int
+    #: application transactions it recorded: app id -> version
+    transactions: Mapping[str, int]
+    #: pgcdc's commit metadata (``{"pgcdc": ...}`` in its ``userMetadata``), if any
+    metadata: Mapping[str, Any] | None
+    operation: str | None
+    added: tuple[DataFile, ...]
+    removed: tuple[str, ...]
+    #: whether it changed the table's metadata (schema, properties) or protocol
+    changed_metadata: bool
+    #: when it was committed (its ``commitInfo``'s timestamp, milliseconds since the epoch)
+    timestamp: int | None = None
+
+
+def _loose_stats(stats: str | None) -> str | None:
+    """A file's statistics once some of its rows are marked deleted: its bounds still hold,
+    but they need no longer be reached (``tightBounds`` false, as Delta's DML writes them)."""
+    if stats is None:
+        return None
+    try:
+        parsed = json.loads(stats)
+    except ValueError:
+        return stats
+    if not isinstance(parsed, dict) or parsed.get("tightBounds") is False:
+        return stats
+    parsed["tightBounds"] = False
+    return json.dumps(parsed, separators=(",", ":"))
+
+
+class TableLog:
+    """One Delta table's log through the connector's JVM classes (a driver-side handle; cheap
+    to make: Delta caches its ``DeltaLog`` per path)."""
+
+    __slots__ = ("_jvm", "_log", "_spark", "path")
+
+    def __init__(self, spark: Any, path: str) -> None:
+        self._spark = spark
+        self._jvm = spark.sparkContext._jvm
+        self.path = str(path)
+        self._log = self._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
+            spark._jsparkSession, self.path
+        )
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def snapshot(self) -> Any:
+        """The table's latest snapshot (a JVM object; the log listed, no Spark job)."""
+        empty = self._jvm.scala.Option.empty()
+        return self._log.update(False, empty, empty)
+
+    def version(self) -> int:
+        """The table's latest version; -1 when there is no table."""
+        return int(self.snapshot().version())
+
+    def schema(self, snapshot: Any | None = None) -> dict[str, Any]:
+        """The table's schema as Delta's JSON (with column mapping's physical names)."""
+        snap = self.snapshot() if snapshot is None else snapshot
+        return dict(json.loads(snap.metadata().schemaString()))
+
+    def files(self, snapshot: Any | None = None) -> list[DataFile]:
+        """The snapshot's data files (one Spark job over the log's state)."""
+        snap = self.snapshot() if snapshot is None else snapshot
+        return [
+            DataFile.from_add(json.loads(a.json())["add"]) for a in snap.allFiles().collectAsList()
+        ]
+
+    def commits(self, start: int, end: int | None = None) -> Iterator[Commit]:
+        """The commits from version ``start`` (to ``end``, inclusive), in order, read from
+        the log's JSON files. Raises when a commit of the range is no longer in the log."""
+        empty = self._jvm.scala.Option.empty()
+        changes = self._log.getChanges(int(start), empty, True)
+        expected = int(start)
+        while changes.hasNext():
+            pair = changes.next()
+            version = int(pair._1())
+            if end is not None and version > end:
+                return
+            if version != expected:
+                raise LookupError(f"{self.path}: commit {expected} is not in the log")
+            expected += 1
+            yield _parse_commit(version, [a.json() for a in _java_list(self._jvm, pair._2())])
+
+    def newest_commits(self, limit: int) -> Iterator[Commit]:
+        """The table's latest ``limit`` commits, newest first, read back in growing windows
+        of the log's JSON files (stops early where its caller does, or where the JSON files
+        were cleaned up after a checkpoint)."""
+        end, width, seen = self.version(), 8, 0
+        while end >= 0 and seen < limit:
+            start = max(0, end - width + 1, end - (limit - seen) + 1)
+            try:
+                window = list(self.commits(start, end))
+            except LookupError:
+                return
+            for commit in reversed(window):
+                seen += 1
+                yield commit
+            end, width = start - 1, width * 4
+
+    def transaction_version(self, app_id: str) -> int | None:
+        """The latest version of application transaction ``app_id`` the table recorded (None:
+        none, or no table): from the newest commit that recorded one (each batch's commit
+        does; a compaction's or a vacuum's does not), searched back from the latest commit in
+        the log's JSON files (no Spark job), remembered per table version. Only when those
+        files no longer reach such a commit, from the table's state (a Spark job)."""
+        latest = self.version()
+        if latest < 0:
+            return None
+        key = (self.path, app_id)
+        with _TXN_LOCK:
+            known = _TXNS.get(key)
+        if known is not None and known[0] == latest:
+            return known[1]
+        if known is not None and known[0] < latest:
+            newer = self._newest_transaction(app_id, known[0] + 1, latest)
+            found = known[1] if newer is None else newer
+        else:
+            found = self._search_back(app_id, latest)
+        with _TXN_LOCK:
+            _TXNS[key] = (latest, found)
+        return found
+
+    def _newest_transaction(self, app_id: str, start: int, end: int) -> int | None:
+        """The version of ``app_id``'s transaction in the newest of commits ``start``..``end``
+        that recorded one (raises LookupError when one of them is not in the log)."""
+        found = None
+        for commit in self.commits(start, end):
+            found = commit.transactions.get(app_id, found)
+        return found
+
+    def _search_back(self, app_id: str, latest: int) -> int | None:
+        end, width = latest, 8
+        while end >= 0:
+            start = max(0, end - width + 1)
+            try:
+                found = self._newest_transaction(app_id, start, end)
+            except LookupError:  # the JSON files were cleaned up after a checkpoint
+                state = self.snapshot().transactions()
+                return int(state.get(app_id).get()) if state.contains(app_id) else None
+            if found is not None:
+                return found
+            end, width = start - 1, width * 4
+        return None
+
+    def version_before(self, app_id: str, txn_version: int) -> int | None:
+        """The table's version just before the commit that recorded application transaction
+        ``(app_id, txn_version)``: what the table held before that write. None when the table
+        or that commit's entry is no longer in the log's JSON files."""
+        latest = self.version()
+        start = latest
+        step = 8
+        while start >= 0:
+            try:
+                commits = list(self.commits(start, latest))
+            except LookupError:
+                return None
+            for commit in reversed(commits):
+                if commit.transactions.get(app_id) == txn_version:
+                    return commit.version - 1
+            latest = start - 1
+            start = max(0, start - step)
+            step *= 4
+        return None
+
+    # -- deletion vectors ------------------------------------------------------------------
+
+    def mark_deleted(self, marks: Sequence[tuple[DataFile, np.ndarray]]) -> dict[str, DataFile]:
+        """Write deletion vectors marking the rows ``marks`` gives (row indexes in each file)
+        deleted, each merged with the file's current one, into one new file of deletion
+        vectors in the table's folder (Delta's store); each file as it is to be added back."""
+        if not marks:
+            return {}
+        jvm = self._jvm
+        delta = jvm.org.apache.spark.sql.delta
+        hadoop = self._spark._jsparkSession.sessionState().newHadoopConf()
+        store = delta.storage.dv.HadoopFileSystemDVStore(hadoop)
+        table_path = jvm.org.apache.hadoop.fs.Path(self.path)
+        file_id = jvm.java.util.UUID.randomUUID()
+        dv_path = delta.actions.DeletionVectorDescriptor.assembleDeletionVectorPath(
+            table_path, file_id, ""
+        )
+        portable = delta.deletionvectors.RoaringBitmapArrayFormat.Portable()
+        writer = store.createWriter(store.pathWithFileSystem(dv_path))
+        updated: dict[str, DataFile] = {}
+        try:
+            for data_file, rows in marks:
+                bitmap = self._bitmap(rows)
+                if data_file.deletion_vector is not None:
+                    previous = store.read(self._descriptor(data_file), table_path)
+                    bitmap.merge(previous)
+                cardinality = int(bitmap.cardinality())
+                if data_file.records >= 0 and cardinality > data_file.records:
+                    raise RuntimeError(
+                        f"{self.path}: a deletion vector of {data_file.path} would mark "
+                        f"{cardinality} rows of its {data_file.records}"
+                    )
+                written = writer.write(bitmap.serializeAsByteArray(portable))
+                descriptor = delta.actions.DeletionVectorDescriptor.onDiskWithRelativePath(
+                    file_id,
+                    "",
+                    written.length(),
+                    cardinality,
+                    jvm.scala.Option.apply(written.offset()),
+                    jvm.scala.Option.empty(),
+                )
+                updated[data_file.path] = replace(
+                    data_file,
+                    deletion_vector={
+                        "storageType": descriptor.storageType(),
+                        "pathOrInlineDv": descriptor.pathOrInlineDv(),
+                        "offset": int(written.offset()),
+                        "sizeInBytes": int(written.length()),
+                        "cardinality": cardinality,
+                    },
+                    stats=_loose_stats(data_file.stats),
+                )
+        finally:
+            writer.close()
+        return updated
+
+    def _bitmap(self, rows: np.ndarray) -> Any:
+        """A ``RoaringBitmapArray`` of ``rows`` (row indexes below 2**31), built in the JVM
+        from their bytes (one py4j call per step, whatever their number)."""
+        jvm = self._jvm
+        gateway = self._spark.sparkContext._gateway
+        values = np.unique(np.asarray(rows, dtype=np.int64))
+        if values.size and (values[0] < 0 or values[-1] >= 2**31):
+            raise ValueError(f"{self.path}: row index out of range for a deletion vector")
+        little = jvm.java.nio.ByteOrder.LITTLE_ENDIAN
+        ints = gateway.new_array(gateway.jvm.int, int(values.size))
+        if values.size:
+            data = bytearray(values.astype("<i4").tobytes())
+            jvm.java.nio.ByteBuffer.wrap(data).order(little).asIntBuffer().get(ints)
+        roaring = jvm.org.roaringbitmap.RoaringBitmap.bitmapOf(ints)
+        roaring.runOptimize()
+        buffer = jvm.java.nio.ByteBuffer.allocate(16 + roaring.serializedSizeInBytes())
+        buffer.order(little)
+        buffer.putInt(_PORTABLE_MAGIC)
+        buffer.putLong(1)  # one 32-bit bitmap, of key 0: every row index is below 2**31
+        buffer.putInt(0)
+        roaring.serialize(buffer)
+        return jvm.org.apache.spark.sql.delta.deletionvectors.RoaringBitmapArray.readFrom(
+            buffer.array()
+        )
+
+    def _descriptor(self, data_file: DataFile) -> Any:
+        action = self._jvm.org.apache.spark.sql.delta.actions.Action.fromJson(
+            json.dumps(data_file.add_action())
+        )
+        return action.deletionVector()
+
+    # -- committing ------------------------------------------------------------------------
+
+    def commit(
+        self,
+        actions: Sequence[Mapping[str, Any]],
+        *,
+        snapshot: Any,
+        session: Any,
+        app_id: str | None,
+        txn_version: int | None,
+        metadata: Mapping[str, Any],
+    ) -> int:
+        """Commit ``actions`` (``add``/``remove`` JSON objects) on top of ``snapshot`` (the
+        version they were computed from), with the application transaction ``(app_id,
+        txn_version)`` and pgcdc's ``metadata`` (set in ``session``, a Spark session this
+        thread alone uses); the version committed. Raises Delta's conflict exceptions when a
+        concurrent commit conflicts."""
+        jvm = self._jvm
+        delta = jvm.org.apache.spark.sql.delta
+        now = int(time.time() * 1000)
+        lines = [json.dumps(a) for a in actions]
+        if app_id is not None and txn_version is not None:
+            lines.append(
+                json.dumps(
+                    {"txn": {"appId": app_id, "version": int(txn_version), "lastUpdated": now}}
+                )
+            )
+        java_actions = jvm.java.util.ArrayList()
+        for line in lines:
+            java_actions.add(delta.actions.Action.fromJson(line))
+        sequence = jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_actions).toSeq()
+        operation = getattr(getattr(delta, "DeltaOperations$ManualUpdate$"), "MODULE$")
+        # the transaction reads its commit's userMetadata from the thread's active session
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
+        conf = session.conf
+        conf.set(USER_METADATA, user_metadata(metadata))
+        try:
+            txn = self._log.startTransaction(
+                jvm.scala.Option.empty(), jvm.scala.Option.apply(snapshot)
+            )
+            return int(txn.commit(sequence, operation))
+        finally:
+            conf.unset(USER_METADATA)
+
+
+def _java_list(jvm: Any, seq: Any) -> list[Any]:
+    """A Scala ``Seq``'s elements as a Python list."""
+    return list(jvm.scala.jdk.javaapi.CollectionConverters.asJava(seq))
+
+
+def _parse_commit(version: int, lines: Sequence[str]) -> Commit:
+    transactions: dict[str, int] = {}
+    metadata: Mapping[str, Any] | None = None
+    operation: str | None = None
+    timestamp: int | None = None
+    added: list[DataFile] = []
+    removed: list[str] = []
+    changed_metadata = False
+    for line in lines:
+        action = json.loads(line)
+        if "txn" in action:
+            txn = action["txn"]
+            transactions[str(txn["appId"])] = int(txn["version"])
+        elif "add" in action:
+            added.append(DataFile.from_add(action["add"]))
+        elif "remove" in action:
+            removed.append(str(action["remove"]["path"]))
+        elif "commitInfo" in action:
+            info = action["commitInfo"]
+            operation = info.get("operation")
+            if isinstance(info.get("timestamp"), int):
+                timestamp = int(info["timestamp"])
+            text = info.get("userMetadata")
+            if isinstance(text, str):
+                try:
+                    parsed = json.loads(text)
+                except ValueError:
+                    parsed = None
+                if isinstance(parsed, dict) and isinstance(parsed.get("pgcdc"), dict):
+                    metadata = parsed["pgcdc"]
+        elif "metaData" in action or "protocol" in action:
+            changed_metadata = True
+    return Commit(
+        version=version,
+        transactions=transactions,
+        metadata=metadata,
+        operation=operation,
+        added=tuple(added),
+        removed=tuple(removed),
+        changed_metadata=changed_metadata,
+        timestamp=timestamp,
+    )
