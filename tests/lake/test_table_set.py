@@ -117,6 +117,25 @@ def commit_kinds(target: DeltaTarget) -> list[str]:
     ]
 
 
+def assert_once_across_copy(pg: PgDatabase, lake: Path, point: int, *, later: bool) -> None:
+    """Exactly once across an added table's handover at ``point`` (X): the copy holds what
+    committed before X (its rows are 'S' at X), the stream what committed at or after X,
+    nothing of it before X; ``later``: every third key had 100 added after the writer."""
+    changelog = DeltaTarget(lake / "shop" / "audit.changelog").read().to_pylist()
+    assert {r["__commit_lsn"] for r in changelog if r["__op"] == "S"} == {point}
+    streamed = [r for r in changelog if r["__op"] != "S"]
+    assert streamed and min(r["__commit_lsn"] for r in streamed) >= point
+    source = dict(pg.execute("SELECT id, v FROM shop.audit WHERE id >= %s", (FIRST_KEY,)))
+    copied = {r["id"]: r["v"] for r in changelog if r["__op"] == "S" and r["id"] >= FIRST_KEY}
+    inserted = Counter(r["id"] for r in streamed if r["__op"] == "I")
+    updates = Counter(r["id"] for r in streamed if r["__op"] == "U")
+    assert copied and inserted, "the writer committed on both sides of the copy's point"
+    for key, v in source.items():
+        assert (key in copied) + inserted[key] == 1, f"key {key} inserted twice or never"
+        bump = 100 * (later and key % 3 == 0)
+        assert copied.get(key, 0) + updates[key] == v - bump + (later and key % 3 == 0), key
+
+
 def test_a_table_created_on_the_source_joins_the_lake_with_no_gap_and_no_duplicate(
     pg: PgDatabase, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -189,21 +208,7 @@ def test_a_table_created_on_the_source_joins_the_lake_with_no_gap_and_no_duplica
         kinds = commit_kinds(target)
         assert kinds[0] == "snapshot" and "snapshot" not in kinds[1:], kinds
 
-    # exactly once across the handover: the copy holds what committed before X (its rows
-    # are 'S' at X), the stream what committed at or after X, nothing of it before X
-    changelog = DeltaTarget(lake / "shop" / "audit.changelog").read().to_pylist()
-    assert {r["__commit_lsn"] for r in changelog if r["__op"] == "S"} == {point}
-    streamed = [r for r in changelog if r["__op"] != "S"]
-    assert streamed and min(r["__commit_lsn"] for r in streamed) >= point
-    source = dict(pg.execute("SELECT id, v FROM shop.audit WHERE id >= %s", (FIRST_KEY,)))
-    copied = {r["id"]: r["v"] for r in changelog if r["__op"] == "S" and r["id"] >= FIRST_KEY}
-    inserted = Counter(r["id"] for r in streamed if r["__op"] == "I")
-    updates = Counter(r["id"] for r in streamed if r["__op"] == "U")
-    assert copied and inserted, "the writer committed on both sides of the copy's point"
-    for key, v in source.items():
-        assert (key in copied) + inserted[key] == 1, f"key {key} inserted twice or never"
-        later = 100 * (key % 3 == 0)
-        assert copied.get(key, 0) + updates[key] == v - later + (key % 3 == 0), key
+    assert_once_across_copy(pg, lake, point, later=True)
 
 
 @newest_server
@@ -304,3 +309,57 @@ def test_a_removed_table_is_kept_and_added_again_is_copied_anew(
     assert last.run(until_caught_up=True).added_rows == {"shop.late": 10}
     assert_equal(last)
     assert commit_kinds(audit) == ["snapshot", "batch"]
+
+
+def test_a_table_created_while_run_streams_joins_it(
+    pg: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    background: Callable[[Pipeline], Background],
+) -> None:
+    """``[source] table_discovery_interval``: a running ``run`` finds a table created on the
+    source that a pattern matches, stops its stream between two batches, copies the table
+    while a writer keeps committing to it, and streams on with it, exactly once across the
+    handover; the other table's changes before, during and after keep landing."""
+    pg.execute(SHOP)
+    lake = tmp_path / "lake"
+    config = make_config(
+        pg,
+        lake,
+        [{"name": "shop.*", "changelog": True}],
+        source={"table_discovery_interval": 1},
+    )
+    running = Pipeline(config, spark=spark)
+    run = background(running).start()
+    pg.execute("UPDATE shop.orders SET qty = -qty WHERE id % 4 = 0")
+    pg.execute("CREATE TABLE shop.audit (id int PRIMARY KEY, v int, note text)")
+    pg.execute("INSERT INTO shop.audit SELECT g, 0, 'a' || g FROM generate_series(1, 30) g")
+    with Writer(pg) as writer:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not run.failures:
+            state = load_state(running.layout)
+            phase = None if state is None else state.phases.get("shop.audit")
+            if phase is not None and phase.phase == "streaming" and writer.next > FIRST_KEY + 40:
+                break
+            time.sleep(0.5)
+        pg.execute("DELETE FROM shop.orders WHERE id > 35")
+    assert not run.failures, [str(f)[:2000] for f in run.failures]
+    assert phase is not None and phase.phase == "streaming" and phase.copied_at is not None
+    assert published(pg) == ["shop.audit", "shop.orders"]
+    # the stream applies what the writer committed after the copy, then stops
+    deadline = time.monotonic() + 240
+    done = False
+    while not done and time.monotonic() < deadline and not run.failures:
+        time.sleep(1)
+        rows = DeltaTarget(lake / "shop" / "audit").read().num_rows
+        done = rows == pg.execute("SELECT count(*) FROM shop.audit")[0][0]
+    run.stop()
+    assert done and not run.failures and run.result is not None
+    assert run.result.added_rows.get("shop.audit", 0) >= 30
+    final = Pipeline(config, spark=spark)
+    assert final.run(until_caught_up=True).added_rows == {}
+    assert_equal(final)
+    orders = DeltaTarget(lake / "shop" / "orders")
+    kinds = commit_kinds(orders)
+    assert kinds[0] == "snapshot" and "snapshot" not in kinds[1:], kinds
+    assert_once_across_copy(pg, lake, int(Lsn.parse(phase.copied_at)), later=False)

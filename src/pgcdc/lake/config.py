@@ -30,7 +30,10 @@ Reference (defaults in brackets):
     missing; leave it out of the publication); ``retained_wal_warning`` ["1GB"]: bytes, or a
     size such as ``"512MB"`` / ``"5GB"`` (1024-based; B, kB, MB, GB, TB, KiB, MiB, GiB, TiB),
     of WAL the slot may hold back before ``run`` logs a warning; ``health_check_interval`` [10]
-    seconds between the running pipeline's checks of its slot (retained WAL, invalidation).
+    seconds between the running pipeline's checks of its slot (retained WAL, invalidation);
+    ``table_discovery_interval`` [300] seconds between a running pipeline's checks for tables
+    created on the source that a ``[[tables]]`` pattern matches (found, they join: the stream
+    stops between two batches, they are copied, it resumes; 0: checked at a start only).
 ``[lake]``
     ``path``: the lake folder (local, a shared filesystem mounted at the same path on every
     Spark machine, or an S3 prefix); ``history`` [false] and ``changelog`` [false]: defaults
@@ -259,6 +262,12 @@ class SourceSettings(_Model):
     )
     health_check_interval: float = Field(
         default=10.0, gt=0, description="seconds between checks of the slot while running"
+    )
+    table_discovery_interval: float = Field(
+        default=300.0,
+        ge=0,
+        description="seconds between checks, while run streams, for tables created on the "
+        "source that a [[tables]] pattern matches (0: only when a run starts)",
     )
 
     @field_validator("heartbeat_table")

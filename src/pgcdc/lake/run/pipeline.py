@@ -438,13 +438,17 @@ class Pipeline:
                 self.state = TableSet(self).apply(plan, self.state, result)
             else:
                 self.state = InitialCopy(self).run(plan, self.state, start.slot_exists, result)
-            StreamRunner(self).run(
+            while StreamRunner(self).run(
                 self.plan or plan,
                 self.state,
                 result,
                 until_caught_up=until_caught_up,
                 on_started=on_started,
-            )
+            ):  # tables created on the source that patterns match: they join, then stream on
+                on_started = None
+                plan = self.check()
+                assert self.state is not None
+                self.state = TableSet(self).apply(plan, self.state, result)
             return result
         except PipelineError:
             self.metrics.record_error("pipeline")

@@ -25,6 +25,7 @@ from pgcdc.lake.results import PipelineError
 from pgcdc.lake.run.catalog import SourcePlan
 from pgcdc.lake.run.failures import FailureRecord
 from pgcdc.lake.run.monitor import BatchEvents, SlotMonitor
+from pgcdc.lake.run.table_set import TableDiscovery
 from pgcdc.lake.store.state import PipelineState, remove_torn_writes
 from pgcdc.lake.store.tables import text_columns_option
 from pgcdc.lake.write.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
@@ -60,8 +61,10 @@ class StreamRunner:
         *,
         until_caught_up: bool,
         on_started: Callable[[Pipeline], None] | None,
-    ) -> None:
-        """Stream until stopped, failed, or (``until_caught_up``) caught up with the server."""
+    ) -> tuple[str, ...]:
+        """Stream until stopped, failed, or (``until_caught_up``) caught up with the server;
+        or until tables a ``[[tables]]`` pattern matches were created on the source
+        (``TableDiscovery``): then their ids, for the pipeline to add them and stream again."""
         pipeline = self.pipeline
         progress = PROGRESS.setdefault(state.stream_app_id, Progress())
         batches, changes = progress.batches, progress.changes
@@ -97,8 +100,9 @@ class StreamRunner:
             if pipeline.heartbeat is not None:
                 pipeline.heartbeat.start()
             monitor.start()
-            self._stream(plan, state, until_caught_up, result, on_started, health=health)
+            found = self._stream(plan, state, until_caught_up, result, on_started, health=health)
             pipeline.raise_fatal()
+            return found
         finally:
             worker = worker_for(state.stream_app_id)
             if worker is not None:  # a step in flight is cancelled; the table stays as it was
@@ -109,8 +113,8 @@ class StreamRunner:
                 pipeline.heartbeat = None
             progress.unsubscribe(events)
             progress.unsubscribe(self.failures)
-            result.batches = progress.batches - batches
-            result.changes = progress.changes - changes
+            result.batches += progress.batches - batches
+            result.changes += progress.changes - changes
 
     def _stream(
         self,
@@ -121,7 +125,7 @@ class StreamRunner:
         on_started: Callable[[Pipeline], None] | None,
         *,
         health: SlotHealth | None = None,
-    ) -> None:
+    ) -> tuple[str, ...]:
         from pgcdc.spark import is_schema_changed, read_stream
 
         pipeline = self.pipeline
@@ -164,6 +168,7 @@ class StreamRunner:
         options["pauseFile"] = str(pause)
         current = plan
         mirrored = {t.table_id for t in plan.tables}
+        discovery = None if until_caught_up else TableDiscovery.of(pipeline)
         restarts = 0
         while not pipeline.stopping.is_set():
             if restarts:  # a schema change: the first start checked in drop_gone_columns
@@ -216,12 +221,23 @@ class StreamRunner:
             if on_started is not None and restarts == 0:
                 on_started(pipeline)
             error: BaseException | None
+            joining: tuple[str, ...] = ()
             try:
                 while not query.awaitTermination(1):
                     if pipeline.fatal is not None:
                         query.stop()
                         break
-                    if pipeline.stopping.is_set():
+                    if discovery is not None:
+                        joining = discovery.found()
+                        if joining:
+                            log.info(
+                                "found %d new table(s) that [[tables]] patterns match (%s): "
+                                "the stream stops after its batch to add them",
+                                len(joining),
+                                ", ".join(joining),
+                                extra={"tables": list(joining)},
+                            )
+                    if pipeline.stopping.is_set() or joining:
                         pause.touch()
                         try:
                             _stop_between_batches(query)
@@ -229,7 +245,7 @@ class StreamRunner:
                             pause.unlink(missing_ok=True)
                         break
                 if pipeline.fatal is not None:
-                    return
+                    return ()
                 error = query.exception()
             except Exception as exc:  # awaitTermination raises the query's failure
                 error = exc
@@ -240,12 +256,12 @@ class StreamRunner:
                 if until_caught_up:
                     self._drain_maintenance(state.stream_app_id)
                     pipeline.drop_gone_columns()
-                return
+                return () if pipeline.stopping.is_set() else joining
             if pipeline.fatal is not None:
-                return
+                return ()
             if is_schema_changed(error) and restarts < MAX_SCHEMA_RESTARTS:
                 restarts += 1
-                result.restarts = restarts
+                result.restarts += 1
                 pipeline.restarts += 1
                 log.info(
                     "schema change in the source: restarting the query (%s)",
@@ -265,6 +281,7 @@ class StreamRunner:
             raise PipelineError(
                 f"the stream failed: {scrub_secrets(str(diagnosis))}{hint}"
             ) from error
+        return ()
 
     def _drain_maintenance(self, app_id: str) -> None:
         """Wait for the maintenance the run's batches left due (a run that ends when caught up

@@ -52,18 +52,19 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from pgcdc.errors import PgcdcError
 from pgcdc.lake.results import PipelineError
 from pgcdc.lake.run.catalog import SourcePlan, ensure_publication
 from pgcdc.lake.run.initial_copy import build_indexes, copy_attempts, copy_in_snapshot, shapes_at
 from pgcdc.lake.store.state import PipelineState, TablePhase, load_state, now, save_state
 from pgcdc.lake.store.tables import LakeLayout, LakeTable, TableKind
 from pgcdc.lake.write.snapshot import remove_tables
-from pgcdc.replication import create_slot_with_snapshot
+from pgcdc.replication import create_slot_with_snapshot, scrub_secrets
 
 if TYPE_CHECKING:
     from pgcdc.lake.run.pipeline import Pipeline, RunResult
 
-__all__ = ["TableChanges", "TableSet", "table_changes"]
+__all__ = ["TableChanges", "TableDiscovery", "TableSet", "table_changes"]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -121,6 +122,50 @@ def table_changes(state: PipelineState, plan: SourcePlan) -> TableChanges:
             )
         ),
     )
+
+
+class TableDiscovery:
+    """While ``pipeline`` streams: the tables created on the source since it started that a
+    ``[[tables]]`` pattern matches, looked for every ``interval`` seconds (the catalog, as a
+    start plans it). Found, they join the way a start adds tables: the stream stops between two
+    batches, ``TableSet.apply`` copies them, the stream resumes (``pipeline.Pipeline``)."""
+
+    def __init__(self, pipeline: Pipeline, interval: float) -> None:
+        self.pipeline = pipeline
+        self.interval = interval
+        self._next = time.monotonic() + interval
+        self._said: str | None = None
+
+    @classmethod
+    def of(cls, pipeline: Pipeline) -> TableDiscovery | None:
+        """The discovery of ``pipeline``'s run; None when nothing can be found (no pattern in
+        ``[[tables]]``, or the interval is 0)."""
+        interval = pipeline.config.source.table_discovery_interval
+        if interval <= 0 or not any(t.is_pattern for t in pipeline.config.tables):
+            return None
+        return cls(pipeline, interval)
+
+    def found(self) -> tuple[str, ...]:
+        """The table ids that would join now, when a check is due (else, or on failure, none:
+        a source that cannot be planned is the stream's to report, or the next start's)."""
+        now_ = time.monotonic()
+        if now_ < self._next:
+            return ()
+        self._next = now_ + self.interval
+        pipeline = self.pipeline
+        try:
+            state = load_state(pipeline.layout) or pipeline.state
+            if state is None:
+                return ()
+            plan = pipeline.replan(state)
+        except (PgcdcError, OSError) as exc:
+            message = scrub_secrets(str(exc))
+            if message != self._said:  # once per reason, not every interval
+                log.warning("looking for new tables failed (tried again later): %s", message)
+                self._said = message
+            return ()
+        self._said = None
+        return tuple(t.table_id for t in table_changes(state, plan).added)
 
 
 class TableSet:
