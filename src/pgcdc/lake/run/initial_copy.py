@@ -201,7 +201,8 @@ class InitialCopy:
             )
         state = state.evolve(snapshot_done=True, snapshot_rows=dict(snapshot.rows))
         save_state(self.layout, state)
-        build_indexes(spark, self.layout, plan.tables)
+        if self.config.lake.write == "indexed":
+            build_indexes(spark, self.layout, plan.tables)
         result.snapshot_rows = dict(snapshot.rows)
         result.snapshot_seconds = time.monotonic() - started
         log.info(

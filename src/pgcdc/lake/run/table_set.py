@@ -320,7 +320,8 @@ class TableSet:
                 shapes={**state.shapes, **shapes},
             )
             save_state(self.layout, state)
-        build_indexes(spark, self.layout, tables)
+        if self.config.lake.write == "indexed":
+            build_indexes(spark, self.layout, tables)
         seconds = time.monotonic() - started
         result.added_rows = dict(copied.rows)
         log.info(
