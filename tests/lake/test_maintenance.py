@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from pgcdc.lake.run.pipeline import Pipeline
-from pgcdc.lake.store.delta import conflicts, create_table
+from pgcdc.lake.store.delta import CHECKPOINT_EVERY, conflicts, create_table
+from pgcdc.lake.store.deltalog import TableLog
 from pgcdc.lake.store.storage import LeaseLost
 from pgcdc.lake.store.target import DeltaTarget
 from pgcdc.lake.write.batch import CONFLICT_ATTEMPTS, again_on_conflict
@@ -74,6 +75,30 @@ def test_small_files_are_compacted_and_replaced_files_vacuumed(spark: Any, tmp_p
     clock = time.monotonic()
     assert later.vacuum_if_due(spark, "t", path, now=clock + later.vacuum_interval * 20)
     assert sorted(target.read().column("id").to_pylist()) == sorted(rows + list(range(60, 80)))
+
+
+def test_commits_leave_checkpoints_to_maintenance(spark: Any, tmp_path: Path) -> None:
+    """Tables pgcdc creates do not checkpoint in the committing thread (a batch would wait for
+    it); maintenance checkpoints every ``CHECKPOINT_EVERY`` commits, beside the batches, and
+    Delta's reader and delta-rs read the table from it."""
+    path = _appended(spark, tmp_path / "t", CHECKPOINT_EVERY + 2)
+    log_ = TableLog(spark, path)
+    assert log_.version() == CHECKPOINT_EVERY + 2  # the creation, then one commit a file
+    assert log_.checkpoint_version() == -1, "a commit wrote a checkpoint"
+    maintenance = Maintenance(compact_files=0, vacuum=False)
+    assert maintenance.checkpoint_if_due(spark, "t", path)
+    assert log_.checkpoint_version() == CHECKPOINT_EVERY + 2
+    assert (tmp_path / "t" / "_delta_log" / "_last_checkpoint").is_file()
+    assert not maintenance.checkpoint_if_due(spark, "t", path)  # not due again yet
+    _appended(spark, tmp_path / "t", CHECKPOINT_EVERY - 1, start=CHECKPOINT_EVERY + 2)
+    assert not maintenance.checkpoint_if_due(spark, "t", path)
+    _appended(spark, tmp_path / "t", 1, start=2 * CHECKPOINT_EVERY + 1)
+    maintenance.after_batch(spark, [("t", path)])  # as a batch's maintenance
+    assert log_.checkpoint_version() == 2 * CHECKPOINT_EVERY + 2
+    expected = list(range(10 * (2 * CHECKPOINT_EVERY + 2)))
+    assert sorted(DeltaTarget(path).read().column("id").to_pylist()) == expected
+    spark_rows = spark.read.format("delta").load(path).collect()
+    assert sorted(r["id"] for r in spark_rows) == expected
 
 
 def test_a_lake_taken_over_is_not_maintained_by_the_run_that_lost_it(

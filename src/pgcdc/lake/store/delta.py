@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CHECKPOINT_EVERY",
     "DELTA_PACKAGE",
     "DELTA_VERSION",
     "AddedFile",
@@ -104,10 +105,18 @@ DEFAULTS = {
     "spark.databricks.delta.writeChecksumFile.enabled": "false",
 }
 
+#: a Delta table's log gets a checkpoint every this many commits, by maintenance
+#: (``pgcdc.lake.write.maintenance``), beside the batches
+CHECKPOINT_EVERY = 10
+
 #: every table pgcdc creates
 TABLE_PROPERTIES = {
     "delta.enableDeletionVectors": "true",
     "delta.columnMapping.mode": "name",
+    # Delta writes a checkpoint in the committing thread, after the commit and before the
+    # commit call returns (2-4 s here, a batch's whole time again): maintenance writes them
+    # instead, and this is only the fallback should it fall far behind
+    "delta.checkpointInterval": str(100 * CHECKPOINT_EVERY),
 }
 
 
@@ -115,7 +124,7 @@ def connector_jars(*, s3: bool = False) -> tuple[Path, ...]:
     """The jars of Delta's connector to load: ``$PGCDC_JARS`` (a folder), else the source
     checkout's ``.cache/jars`` (``make`` fills it); empty when neither has any. With ``s3``,
     also Hadoop's S3A connector: ``$PGCDC_S3_JARS``, else ``.cache/jars-s3``."""
-    cache = Path(__file__).resolve().parents[3] / ".cache"
+    cache = Path(__file__).resolve().parents[4] / ".cache"
     folders = [Path(os.environ.get("PGCDC_JARS") or cache / "jars")]
     if s3:
         folders.append(Path(os.environ.get("PGCDC_S3_JARS") or cache / "jars-s3"))

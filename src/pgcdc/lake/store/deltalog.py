@@ -183,6 +183,17 @@ class TableLog:
         """The table's latest version; -1 when there is no table."""
         return int(self.snapshot().version())
 
+    def checkpoint_version(self, snapshot: Any | None = None) -> int:
+        """The version of the snapshot's newest checkpoint; -1 without one."""
+        snap = self.snapshot() if snapshot is None else snapshot
+        return int(snap.checkpointProvider().version())
+
+    def checkpoint(self, snapshot: Any) -> None:
+        """Write a checkpoint of ``snapshot`` (Delta's own: its Parquet file and
+        ``_last_checkpoint``; it also removes log files past the log's retention). Safe beside
+        commits: a checkpoint describes a version already committed."""
+        self._log.checkpoint(snapshot, self._jvm.scala.Option.empty())
+
     def schema(self, snapshot: Any | None = None) -> dict[str, Any]:
         """The table's schema as Delta's JSON (with column mapping's physical names)."""
         snap = self.snapshot() if snapshot is None else snapshot

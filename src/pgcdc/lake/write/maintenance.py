@@ -47,7 +47,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgcdc.lake.diagnosis import diagnose
-from pgcdc.lake.store.delta import USER_METADATA, conflicts, quote_name, user_metadata
+from pgcdc.lake.store.delta import (
+    CHECKPOINT_EVERY,
+    USER_METADATA,
+    conflicts,
+    quote_name,
+    user_metadata,
+)
 from pgcdc.lake.store.deltalog import TableLog
 from pgcdc.lake.store.storage import LeaseLost
 
@@ -158,11 +164,12 @@ class Maintenance:
         gate: BatchGate | None = None,
         stopping: Callable[[], bool] = lambda: False,
     ) -> None:
-        """Compact, purge and vacuum, when due, each ``(name, path)`` a batch wrote; a vacuum
-        under ``EXCLUSIVE_VACUUM_HOURS`` of retention holds ``gate`` exclusively. No further
-        step starts once ``stopping()``."""
+        """Checkpoint, compact, purge and vacuum, when due, each ``(name, path)`` a batch
+        wrote; a vacuum under ``EXCLUSIVE_VACUUM_HOURS`` of retention holds ``gate``
+        exclusively. No further step starts once ``stopping()``."""
         for name, path in tables:
-            for step in (self.compact, self.purge_if_due, self.vacuum_if_due):
+            steps = (self.checkpoint_if_due, self.compact, self.purge_if_due, self.vacuum_if_due)
+            for step in steps:
                 if stopping():
                     return
                 exclusive = (
@@ -210,6 +217,20 @@ class Maintenance:
                 else:
                     with _lock:
                         _gave_way.pop(key, None)
+
+    def checkpoint_if_due(self, spark: Any, name: str, path: str) -> bool:
+        """Checkpoint the table's log when ``CHECKPOINT_EVERY`` commits or more followed its
+        newest checkpoint (tables pgcdc creates leave that to this step: ``TABLE_PROPERTIES``);
+        whether it did."""
+        log_ = TableLog(spark, path)
+        snapshot = log_.snapshot()
+        version = int(snapshot.version())
+        if version - log_.checkpoint_version(snapshot) < CHECKPOINT_EVERY:
+            return False
+        started = time.monotonic()
+        log_.checkpoint(snapshot)
+        log.debug("checkpoint of %s at %s: %.2f s", name, version, time.monotonic() - started)
+        return True
 
     def small_files(self, spark: Any, path: str) -> int:
         """How many of the table's files are smaller than a quarter of the target size.
