@@ -192,6 +192,7 @@ def test_progress_lines_when_not_a_terminal() -> None:
     console = Console(file=buffer, force_terminal=False, width=200)
     display = _Display(_Output(console, json_logs=False, quiet=False), every=3600)
     assert display.mode == "lines"
+    display._show(force=True)  # a resumed run's slot check: it starts, copies nothing
     display.snapshot_started(2, Lsn(0x1000))
     display.snapshot_progress(None, 30)
     display.snapshot_progress("public.a", 10)  # within `every`: no line
@@ -200,10 +201,11 @@ def test_progress_lines_when_not_a_terminal() -> None:
     display.batch_done(BatchResult(0, changes=5, max_lsn=0x2000))
     display.finished()
     lines = buffer.getvalue().splitlines()
-    assert len(lines) == 3, lines
-    assert lines[0].endswith("snapshot: 0/2 tables copied, 0 rows")
-    assert lines[1].endswith("snapshot: 2/2 tables copied, 30 rows (30 rows read)")
-    assert "catch-up 0% (0 B of 8.0 KiB WAL), 0 batches, 0 changes" in lines[2]
+    assert len(lines) == 4, lines
+    assert lines[0].endswith("starting the stream")
+    assert lines[1].endswith("snapshot: 0/2 tables copied, 0 rows")
+    assert lines[2].endswith("snapshot: 2/2 tables copied, 30 rows (30 rows read)")
+    assert "catch-up 0% (0 B of 8.0 KiB WAL), 0 batches, 0 changes" in lines[3]
 
     quiet = io.StringIO()
     silent = _Display(_Output(Console(file=quiet), json_logs=False, quiet=True))

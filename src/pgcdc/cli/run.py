@@ -126,6 +126,7 @@ class _Display:
         self._stream_task: TaskID | None = None
         self._last_line = 0.0
         # snapshot
+        self.copying = False
         self.tables = 0
         self.tables_done = 0
         self.rows_read: int | None = None
@@ -144,6 +145,7 @@ class _Display:
     # -- RunObserver ------------------------------------------------------------------------
     def snapshot_started(self, tables: int, consistent_point: Lsn) -> None:
         with self._lock:
+            self.copying = True
             self.tables = tables
         if self.mode == "rich":
             bars = self._ensure_bars()
@@ -255,6 +257,8 @@ class _Display:
 
     def _line(self) -> tuple[str, dict[str, Any]]:
         with self._lock:
+            if not self.streaming and not self.copying:  # the slot checked before the stream
+                return "starting the stream", {}
             if not self.streaming:
                 read = "" if self.rows_read is None else f" ({self.rows_read} rows read)"
                 return (

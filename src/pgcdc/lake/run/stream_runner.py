@@ -95,7 +95,9 @@ class StreamRunner:
             publication=source.publication,
         )
         try:
+            clock = time.monotonic()
             health = monitor.check()
+            log.debug("slot checked: %.2f s", time.monotonic() - clock)
             pipeline.raise_fatal()
             if pipeline.heartbeat is not None:
                 pipeline.heartbeat.start()
@@ -155,7 +157,9 @@ class StreamRunner:
                 for table_id, lsn in sorted(state.copied_at().items())
             ),
         )
+        clock = time.monotonic()
         pipeline.drop_gone_columns()
+        log.debug("columns gone from the source checked: %.2f s", time.monotonic() - clock)
         options: dict[str, Any] = {}
         if stream.max_changes_per_trigger is not None:
             options["maxChangesPerTrigger"] = stream.max_changes_per_trigger
@@ -193,6 +197,7 @@ class StreamRunner:
                 query_writer = query_writer.trigger(
                     processingTime=f"{stream.trigger_interval:g} seconds"
                 )
+            clock = time.monotonic()
             try:
                 query = query_writer.queryName(f"pgcdc_{source.slot}").start()
             except Exception as exc:  # its checkpoint cannot be written, say
@@ -201,6 +206,7 @@ class StreamRunner:
                     f"the stream did not start: {scrub_secrets(str(found))}"
                 ) from exc
             pipeline.query = query
+            log.debug("query started: %.2f s", time.monotonic() - clock)
             start = None if health is None else health.confirmed_flush_lsn
             target = None if health is None else health.server_lsn
             log.info(

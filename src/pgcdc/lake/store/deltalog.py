@@ -199,6 +199,13 @@ class TableLog:
         snap = self.snapshot() if snapshot is None else snapshot
         return dict(json.loads(snap.metadata().schemaString()))
 
+    def column_names(self, snapshot: Any | None = None) -> list[str] | None:
+        """The table's columns, in order; None when there is no table (no Spark job)."""
+        snap = self.snapshot() if snapshot is None else snapshot
+        if int(snap.version()) < 0:
+            return None
+        return [str(field["name"]) for field in self.schema(snap)["fields"]]
+
     def files(self, snapshot: Any | None = None) -> list[DataFile]:
         """The snapshot's data files (one Spark job over the log's state)."""
         snap = self.snapshot() if snapshot is None else snapshot
