@@ -311,6 +311,7 @@ def test_a_removed_table_is_kept_and_added_again_is_copied_anew(
     assert commit_kinds(audit) == ["snapshot", "batch"]
 
 
+@newest_server
 def test_a_table_created_while_run_streams_joins_it(
     pg: PgDatabase,
     spark: Any,
