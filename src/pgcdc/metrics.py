@@ -14,7 +14,7 @@ checked), ``heartbeat`` (a heartbeat could not be written).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -78,6 +78,13 @@ class PipelineMetrics:
         self.errors = Counter(
             "pgcdc_errors", "Errors by kind", (*labels, "kind"), registry=self.registry
         )
+        self.parked = Gauge(
+            "pgcdc_table_parked",
+            "1 while a table is parked (DDL the lake cannot follow; pgcdc resync brings it "
+            "back), 0 while it is written",
+            (*labels, "table"),
+            registry=self.registry,
+        )
         self._server: Any = None
 
     # -- recording ------------------------------------------------------------------------
@@ -112,6 +119,13 @@ class PipelineMetrics:
             self.retained_wal_bytes.labels(self.slot).set(retained_bytes)
         if confirmed_lsn is not None:
             self.confirmed_lsn.labels(self.slot).set(confirmed_lsn)
+
+    def record_tables(self, written: Iterable[str], parked: Iterable[str]) -> None:
+        """The tables the stream writes and the parked ones (``pgcdc_table_parked``)."""
+        for table in written:
+            self.parked.labels(self.slot, table).set(0)
+        for table in parked:
+            self.parked.labels(self.slot, table).set(1)
 
     def record_error(self, kind: str) -> None:
         self.errors.labels(self.slot, kind).inc()

@@ -1,4 +1,5 @@
-"""DDL the lake cannot follow stops ``pgcdc run`` before a batch is written, naming the fix.
+"""DDL the lake cannot follow parks the table, or stops ``pgcdc run`` (``on_table_failure =
+"stop"``), before a batch of it is written, naming the fix.
 
 Each case was a silent divergence (found by a review helper): a renamed column read NULL for
 every row not updated since; a table dropped and created again kept the old table's rows; a
@@ -9,14 +10,20 @@ Each case runs twice in a row: the first run after the DDL stops, and so does th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pgcdc.cli import main
+from pgcdc.cli.status import collect
+from pgcdc.lake.config import load_config
 from pgcdc.lake.results import PipelineError
 from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.run.verify import compare_tables
+from pgcdc.lake.store.state import load_state, resync_requests
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background
 from tests.lake.test_pipeline import assert_equal, make_config, mirror_rows
@@ -64,14 +71,19 @@ def test_ddl_the_lake_cannot_follow_stops_the_run(
     statements, message = CASES[case]
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, z int, a text, u int NOT NULL UNIQUE)")
     pg.execute("INSERT INTO t VALUES (1, 0, 'one', 10), (2, 0, 'two', 20)")
-    config = make_config(pg, tmp_path / "lake", [{"name": "t", "history": True}])
+    config = make_config(
+        pg,
+        tmp_path / "lake",
+        [{"name": "t", "history": True}],
+        lake_options={"on_table_failure": "stop"},
+    )
     first = Pipeline(config, spark=spark)
     first.run(until_caught_up=True)
     before = mirror_rows(first, "public.t")
     for statement in statements:
         pg.execute(statement)
     for _ in range(2):
-        with pytest.raises(PipelineError, match="copy the table again") as raised:
+        with pytest.raises(PipelineError, match="Fix: pgcdc resync") as raised:
             Pipeline(config, spark=spark).run(until_caught_up=True)
         assert message in str(raised.value)
     assert mirror_rows(first, "public.t") == before  # nothing written after the DDL
@@ -127,7 +139,13 @@ def test_ddl_while_a_query_runs_stops_it_before_the_next_batch(
     now restarts on either and stops before the batch."""
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, z int, a text, u int NOT NULL UNIQUE)")
     pg.execute("INSERT INTO t VALUES (1, 0, 'one', 10), (2, 0, 'two', 20)")
-    config = make_config(pg, tmp_path / "lake", [{"name": "t"}], stream={"trigger_interval": 1})
+    config = make_config(
+        pg,
+        tmp_path / "lake",
+        [{"name": "t"}],
+        stream={"trigger_interval": 1},
+        lake_options={"on_table_failure": "stop"},
+    )
     pipeline = Pipeline(config, spark=spark)
     run = background(pipeline).start()
     pg.execute(ddl)
@@ -136,7 +154,7 @@ def test_ddl_while_a_query_runs_stops_it_before_the_next_batch(
     )
     assert run.join(240), "the run went on"
     assert len(run.failures) == 1 and isinstance(run.failures[0], PipelineError)
-    assert "copy the table again" in str(run.failures[0])
+    assert "Fix: pgcdc resync" in str(run.failures[0])
     assert [r[0] for r in mirror_rows(pipeline, "public.t")] == [1, 2]  # nothing skipped past
 
 
@@ -168,3 +186,81 @@ def test_a_state_from_before_shapes_still_catches_a_rename() -> None:
     assert shape_problem(table, before, renamed) == "column 'a' of public.t was renamed to 'b'"
     retyped = TableShape(7, {"id": (1, 20, -1), "a": (2, 25, -1)})
     assert shape_problem(table, before, retyped) is None
+
+
+@newest_server
+def test_a_table_the_lake_cannot_follow_is_parked_and_resync_brings_it_back(
+    pg: PgDatabase,
+    spark: Any,
+    tmp_path: Path,
+    background: Callable[[Pipeline], Background],
+) -> None:
+    """``[lake] on_table_failure = "park"`` (the default): DDL the lake cannot follow on one
+    table parks that table, with the reason and the fix; the other table streams on and the
+    slot advances; ``status`` and ``run --until-caught-up`` say so (exit 1). ``pgcdc
+    resync`` brings the table back, copied anew, by a running run or the next start."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, z int, a text, u int NOT NULL UNIQUE)")
+    pg.execute("INSERT INTO t VALUES (1, 0, 'one', 10), (2, 0, 'two', 20)")
+    pg.execute("CREATE TABLE other (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO other SELECT g, 'o' || g FROM generate_series(1, 5) g")
+    lake = tmp_path / "lake"
+    toml = tmp_path / "pipeline.toml"
+    toml.write_text(
+        f"[source]\ndsn = '{pg.dsn()}'\nslot = 'lake_slot'\npublication = 'lake_pub'\n"
+        f"[lake]\npath = '{lake}'\n[[tables]]\nname = 't'\nhistory = true\n"
+        "[[tables]]\nname = 'other'\n"
+    )
+    config = load_config(toml)
+    first = Pipeline(config, spark=spark)
+    first.run(until_caught_up=True)
+    before = mirror_rows(first, "public.t")
+
+    pg.execute("ALTER TABLE t RENAME COLUMN a TO b")
+    pg.execute("UPDATE t SET z = 1 WHERE id = 1")
+    pg.execute("UPDATE other SET v = 'changed' WHERE id < 3")
+    pg.execute("INSERT INTO other VALUES (6, 'six')")
+    parked = Pipeline(config, spark=spark)
+    parked.run(until_caught_up=True)  # does not raise: the other table went on
+    assert parked.state is not None and "public.t" not in parked.state.tables
+    phase = parked.state.parked()["public.t"]
+    assert "column 'a' of public.t was renamed to 'b'" in (phase.reason or "")
+    assert "pgcdc resync --config pipeline.toml public.t" in (phase.reason or "")
+    assert phase.parked_at is not None
+    assert mirror_rows(parked, "public.t") == before  # nothing written after the DDL
+    other = compare_tables(parked.dsn, parked.layout, [parked.plan.table("public.other")])
+    assert all(c.equal for c in other), [c.describe() for c in other]
+    report = collect(config)
+    assert not report["ok"] and any("public.t is parked" in p for p in report["problems"])
+    rows = {t["table"]: t for t in report["tables"]}
+    assert rows["public.t"]["phase"] == "parked" and not rows["public.t"]["mirrored"]
+    assert rows["public.t"]["parked_at"] == phase.parked_at
+
+    # a scheduled run says so and fails while the table is parked; the slot still advances
+    pg.execute("DELETE FROM other WHERE id = 6")
+    slot = "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'lake_slot'"
+    confirmed = pg.execute(slot)[0][0]
+    assert main(["run", "--config", str(toml), "--until-caught-up"]) == 1
+    assert pg.execute(slot)[0][0] > confirmed
+
+    # resync asks; a running run copies the table anew and streams on with it
+    assert main(["resync", "--config", str(toml), "public.nope"]) == 2
+    running = Pipeline(config, spark=spark)
+    run = background(running).start()
+    pg.execute("UPDATE t SET b = 'renamed' WHERE id = 2")
+    assert main(["resync", "--config", str(toml), "public.t"]) == 0
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not run.failures:
+        state = load_state(running.layout)
+        if state is not None and "public.t" in state.tables:
+            break
+        time.sleep(0.5)
+    pg.execute("UPDATE t SET z = 7 WHERE id = 1")
+    run.stop()
+    assert not run.failures and run.result is not None
+    assert run.result.added_rows == {"public.t": 2}
+    final = Pipeline(config, spark=spark)
+    assert final.run(until_caught_up=True).added_rows == {}
+    assert final.state is not None and final.state.parked() == {}
+    assert_equal(final)
+    assert resync_requests(final.layout) == {}
+    assert main(["run", "--config", str(toml), "--until-caught-up"]) == 0

@@ -26,7 +26,7 @@ def test_a_state_round_trips(tmp_path: Path) -> None:
     )
     save_state(layout, state)
     assert load_state(layout) == state
-    assert json.loads(layout.state_file.local().read_text())["format"] == STATE_FORMAT == 3
+    assert json.loads(layout.state_file.local().read_text())["format"] == STATE_FORMAT == 4
 
 
 def test_a_state_of_the_previous_format_loads_and_keeps_its_phases(tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_a_state_of_the_previous_format_loads_and_keeps_its_phases(tmp_path: Pat
     again = load_state(layout)
     assert again == added
     assert again.copied_at() == {"public.u": "0/1A2B3C4"}
-    assert json.loads(layout.state_file.local().read_text())["format"] == 3
+    assert json.loads(layout.state_file.local().read_text())["format"] == 4
 
 
 def test_a_lake_of_the_delta_rs_writer_is_refused_with_the_fix(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 #: Subcommand modules, in the order `pgcdc --help` lists them; each has ``register(sub)``.
-COMMANDS = ("tail", "run", "status", "drop", "demo")
+COMMANDS = ("tail", "run", "status", "resync", "drop", "demo")
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 

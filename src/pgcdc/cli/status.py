@@ -132,6 +132,8 @@ def _table_status(layout: LakeLayout, table_id: str, state: PipelineState) -> di
         "phase": "streaming" if phase is None else phase.phase,
         "mirrored": table_id in state.tables,
         "phase_since": None if phase is None else phase.since,
+        "parked_reason": None if phase is None else phase.reason,
+        **_lsn_fields("parked_at", _parse_lsn(None if phase is None else phase.parked_at)),
         **_lsn_fields("copied_at", _parse_lsn(copied_at)),
         "path": str(path),
         "exists": False,
@@ -327,6 +329,11 @@ def collect(config: PipelineConfig, *, now: datetime | None = None) -> dict[str,
     if state is not None:
         others = sorted(t for t in state.phases if t not in state.tables)
         tables = [_table_status(layout, t, state) for t in (*state.tables, *others)]
+        problems += [
+            f"{t['table']} is parked since {t['phase_since']}: {t['parked_reason']}"
+            for t in tables
+            if t["phase"] == "parked"
+        ]
     newest_times = [
         t
         for t in (_parse_time(x["newest_change_time"]) for x in tables if x["mirrored"])
@@ -522,9 +529,11 @@ def render(report: dict[str, Any], console: Console) -> None:
             phase = t["phase"]
             tables.add_row(
                 t["table"]
-                + {"copying": " (being added)", "removed": " (removed: no longer mirrored)"}.get(
-                    phase, ""
-                ),
+                + {
+                    "copying": " (being added)",
+                    "removed": " (removed: no longer mirrored)",
+                    "parked": f" (parked at {_show(t['parked_at'])}: not written)",
+                }.get(phase, ""),
                 _show(t["rows"]),
                 batch_text,
                 _show(t["last_commit_time"]),

@@ -38,6 +38,9 @@ Reference (defaults in brackets):
     ``path``: the lake folder (local, a shared filesystem mounted at the same path on every
     Spark machine, or an S3 prefix); ``history`` [false] and ``changelog`` [false]: defaults
     for every table; ``write`` ["indexed"]: "indexed" or "merge" (``pgcdc.lake.write.indexed``);
+    ``on_table_failure`` ["park"]: a table whose DDL the lake cannot follow is parked (no
+    longer written while the others stream on, until ``pgcdc resync``), or "stop" stops the
+    pipeline, or "resync" copies it anew at once;
     ``compact_files`` [100], ``target_file_size`` ["16MB"], ``purge_deleted_share`` [0.25],
     ``vacuum`` [true], ``vacuum_retention_hours`` [168] and ``vacuum_interval`` [3600]:
     compaction of each Delta table's small files, purging of the rows its deletion vectors mark
@@ -445,6 +448,14 @@ class LakeSettings(_Model):
         description=(
             "how a batch changes a table with a key: 'indexed' (new files, deletion vectors "
             "from the key index, one commit; no scan of the table) or 'merge' (Delta's MERGE)"
+        ),
+    )
+    on_table_failure: Literal["park", "stop", "resync"] = Field(
+        default="park",
+        description=(
+            "a table whose DDL the lake cannot follow: 'park' it (the others stream on; "
+            "pgcdc resync brings it back), 'stop' the pipeline, or 'resync' it (copied anew "
+            "at once)"
         ),
     )
     compact_files: int = Field(

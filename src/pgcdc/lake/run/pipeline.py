@@ -58,7 +58,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,7 +72,7 @@ from pgcdc.lake.run.initial_copy import InitialCopy
 from pgcdc.lake.run.monitor import Observer, RunObserver, SlotMonitor
 from pgcdc.lake.run.shape import recorded_shape, shape_problem
 from pgcdc.lake.run.stream_runner import StreamRunner
-from pgcdc.lake.run.table_set import TableChanges, TableSet, table_changes
+from pgcdc.lake.run.table_set import TableChanges, TableSet, changes_of
 from pgcdc.lake.store.delta import (
     delta_settings,
     quiet_logs,
@@ -87,13 +87,20 @@ from pgcdc.lake.store.metastore import (
     registrations,
     uses_session_catalog,
 )
-from pgcdc.lake.store.state import PipelineState, load_state, run_lock, save_state
+from pgcdc.lake.store.state import (
+    PipelineState,
+    TablePhase,
+    load_state,
+    resync_requests,
+    run_lock,
+    save_state,
+)
 from pgcdc.lake.store.storage import Lease
 from pgcdc.lake.store.tables import MIRROR_COLUMNS, LakeLayout, LakeTable
 from pgcdc.lake.write.batch import KILL_ENV, KILL_POINTS, PROGRESS, KillAt, Progress
 from pgcdc.lake.write.schema_evolution import evolve
 from pgcdc.metrics import PipelineMetrics
-from pgcdc.replication import Heartbeat, scrub_secrets, source_catalog
+from pgcdc.replication import Heartbeat, scrub_secrets, slot_info, source_catalog
 from pgcdc.replication.database import connect_sql
 from pgcdc.replication.source_catalog import TableShape
 
@@ -277,7 +284,11 @@ class Pipeline:
                 raise ConfigError(problems)
         self.state = state
         self.plan = plan
-        self.changes = TableChanges() if state is None else table_changes(state, plan)
+        self.changes = (
+            TableChanges()
+            if state is None
+            else changes_of(self.config, state, plan, resync_requests(self.layout))
+        )
         return plan
 
     def replan(self, state: PipelineState | None = None) -> SourcePlan:
@@ -345,7 +356,7 @@ class Pipeline:
         mirrored = [t for t in plan.tables if t.table_id in state.tables]
         with connect_sql(self.dsn) as conn:
             now = {t.table_id: source_catalog.table_shape(conn, t.schema, t.name) for t in mirrored}
-        problems = []
+        problems: dict[str, str] = {}
         for table in mirrored:
             before = state.shapes.get(table.table_id)
             if before is None and table.table_id in state.columns:  # a state from before shapes
@@ -353,20 +364,27 @@ class Pipeline:
                 before = {"columns": {name: [number] for name, number in numbers.items()}}
             problem = None if before is None else shape_problem(table, before, now[table.table_id])
             if problem is not None:
-                problems.append(problem)
+                problems[table.table_id] = problem
         if unplanned is not None and not problems:
             raise PipelineError(
                 f"the source changed while the query ran, and the pipeline's tables no longer "
                 f"plan: {unplanned}. Nothing after the change was written"
             )
-        if problems:
+        if problems and self.config.lake.on_table_failure == "stop":
             raise PipelineError(
-                f"{'; '.join(problems)}: the lake cannot follow that, its rows no longer "
-                "match what the stream changes. Nothing after it was written. Fix: copy the "
-                "table again: leave it out of [[tables]] for one run and add it back (it is "
-                "copied anew; the other tables are not touched)"
+                f"{'; '.join(problems.values())}: the lake cannot follow that, its rows no "
+                "longer match what the stream changes. Nothing after it was written. Fix: "
+                f"pgcdc resync --config pipeline.toml {' '.join(problems)} (copies it anew; "
+                "the other tables are not touched)"
             )
-        found = {table_id: shape for table_id, shape in now.items() if shape is not None}
+        if problems:
+            state = self._park(state, problems)
+            mirrored = [t for t in mirrored if t.table_id not in problems]
+        found = {
+            table_id: shape
+            for table_id, shape in now.items()
+            if shape is not None and table_id not in problems
+        }
         shapes = {
             t.table_id: recorded_shape(t, found[t.table_id])
             for t in mirrored
@@ -377,6 +395,48 @@ class Pipeline:
             save_state(self.layout, state)
             self.state = state
         return found
+
+    def _park(self, state: PipelineState, problems: Mapping[str, str]) -> PipelineState:
+        """Stop writing the tables of ``problems`` (table id -> what changed): parked, with
+        the reason and the fix, at the slot's confirmed LSN (the lake has their changes up to
+        there); the others stream on. ``[lake] on_table_failure = "resync"`` copies them anew
+        at once instead (``TableSet``), which needs the stream stopped: the run restarts."""
+        slot = slot_info(self.dsn, self.config.source.slot)
+        at = None if slot is None or slot.confirmed_flush_lsn is None else slot.confirmed_flush_lsn
+        phases = dict(state.phases)
+        for table_id, problem in problems.items():
+            schema, name = self.layout.split_table_id(table_id)
+            before = phases.get(table_id)
+            reason = (
+                f"{problem}: the lake cannot follow that. Fix: pgcdc resync --config "
+                f"pipeline.toml {table_id} (copies it anew while the others stream on)"
+            )
+            phases[table_id] = TablePhase(
+                "parked",
+                schema if before is None else before.schema,
+                name if before is None else before.name,
+                attempt=1 if before is None else before.attempt,
+                reason=reason,
+                parked_at=None if at is None else str(at),
+            )
+            log.warning(
+                "parked %s at %s: %s",
+                table_id,
+                at,
+                reason,
+                extra={"table": table_id, "lsn": None if at is None else str(at)},
+            )
+        gone = set(problems)
+        state = state.evolve(
+            tables=tuple(t for t in state.tables if t not in gone),
+            phases=phases,
+            shapes={k: v for k, v in state.shapes.items() if k not in gone},
+        )
+        save_state(self.layout, state)
+        self.state = state
+        self.metrics.record_error("parked")
+        self.metrics.record_tables((), problems)
+        return state
 
     # -- run -------------------------------------------------------------------------------
 

@@ -141,24 +141,8 @@ class StreamRunner:
                 len(torn),
                 ", ".join(torn),
             )
-        writer = LakeBatchWriter(
-            lake=str(self.layout.root),
-            tables=plan.tables,
-            table_columns=table_column_pairs(plan.tables),
-            app_id=state.stream_app_id,
-            dsn=pipeline.dsn,
-            fail_after=pipeline.fail_after,
-            kill_at=pipeline.kill_at,
-            maintenance=self.config.lake.maintenance(),
-            fence=pipeline.lease.check,
-            indexed=self.config.lake.write == "indexed",
-            copied_at=tuple(
-                (table_id, int(Lsn.parse(lsn)))
-                for table_id, lsn in sorted(state.copied_at().items())
-            ),
-        )
         clock = time.monotonic()
-        pipeline.drop_gone_columns()
+        pipeline.drop_gone_columns()  # and parks a table whose DDL the lake cannot follow
         log.debug("columns gone from the source checked: %.2f s", time.monotonic() - clock)
         options: dict[str, Any] = {}
         if stream.max_changes_per_trigger is not None:
@@ -171,7 +155,6 @@ class StreamRunner:
         pause = Path(tempfile.gettempdir()) / f"pgcdc-pause-{uuid.uuid4().hex}"
         options["pauseFile"] = str(pause)
         current = plan
-        mirrored = {t.table_id for t in plan.tables}
         discovery = None if until_caught_up else TableDiscovery.of(pipeline)
         restarts = 0
         while not pipeline.stopping.is_set():
@@ -179,6 +162,9 @@ class StreamRunner:
                 pipeline.check_shapes(replan=True)
                 # a pattern entry's text_columns may name a column a table gained since
                 current = pipeline.plan or plan
+            state = pipeline.state or state
+            writer = self._writer(plan, state)
+            mirrored = {t.table_id for t in writer.tables}
             # of the tables the writer mirrors: a table a replan found since joins at the
             # next start, and the source refuses text columns of a table it does not read
             texts = text_columns_option(t for t in current.tables if t.table_id in mirrored)
@@ -237,8 +223,8 @@ class StreamRunner:
                         joining = discovery.found()
                         if joining:
                             log.info(
-                                "found %d new table(s) that [[tables]] patterns match (%s): "
-                                "the stream stops after its batch to add them",
+                                "%d table(s) to add or copy anew (%s): the stream stops "
+                                "after its batch to copy them",
                                 len(joining),
                                 ", ".join(joining),
                                 extra={"tables": list(joining)},
@@ -288,6 +274,30 @@ class StreamRunner:
                 f"the stream failed: {scrub_secrets(str(diagnosis))}{hint}"
             ) from error
         return ()
+
+    def _writer(self, plan: SourcePlan, state: PipelineState) -> LakeBatchWriter:
+        """The batches' writer: the planned tables the lake mirrors (not the parked ones)."""
+        pipeline = self.pipeline
+        parked = state.parked()
+        tables = tuple(t for t in plan.tables if t.table_id not in parked)
+        pipeline.metrics.record_tables((t.table_id for t in tables), parked)
+        return LakeBatchWriter(
+            lake=str(self.layout.root),
+            tables=tables,
+            table_columns=table_column_pairs(tables),
+            app_id=state.stream_app_id,
+            dsn=pipeline.dsn,
+            fail_after=pipeline.fail_after,
+            kill_at=pipeline.kill_at,
+            maintenance=self.config.lake.maintenance(),
+            fence=pipeline.lease.check,
+            indexed=self.config.lake.write == "indexed",
+            copied_at=tuple(
+                (table_id, int(Lsn.parse(lsn)))
+                for table_id, lsn in sorted(state.copied_at().items())
+            ),
+            parked=tuple(sorted(parked)),
+        )
 
     def _drain_maintenance(self, app_id: str) -> None:
         """Wait for the maintenance the run's batches left due (a run that ends when caught up

@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -56,15 +56,24 @@ from pgcdc.errors import PgcdcError
 from pgcdc.lake.results import PipelineError
 from pgcdc.lake.run.catalog import SourcePlan, ensure_publication
 from pgcdc.lake.run.initial_copy import build_indexes, copy_attempts, copy_in_snapshot, shapes_at
-from pgcdc.lake.store.state import PipelineState, TablePhase, load_state, now, save_state
+from pgcdc.lake.store.state import (
+    PipelineState,
+    TablePhase,
+    load_state,
+    now,
+    resync_done,
+    resync_requests,
+    save_state,
+)
 from pgcdc.lake.store.tables import LakeLayout, LakeTable, TableKind
 from pgcdc.lake.write.snapshot import remove_tables
 from pgcdc.replication import create_slot_with_snapshot, scrub_secrets
 
 if TYPE_CHECKING:
+    from pgcdc.lake.config import PipelineConfig
     from pgcdc.lake.run.pipeline import Pipeline, RunResult
 
-__all__ = ["TableChanges", "TableDiscovery", "TableSet", "table_changes"]
+__all__ = ["TableChanges", "TableDiscovery", "TableSet", "changes_of", "table_changes"]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -104,16 +113,30 @@ class TableChanges:
         return "; ".join(what)
 
 
-def table_changes(state: PipelineState, plan: SourcePlan) -> TableChanges:
+def table_changes(
+    state: PipelineState,
+    plan: SourcePlan,
+    *,
+    resync: Collection[str] = (),
+    resync_parked: bool = False,
+) -> TableChanges:
     """The tables ``plan`` adds to and removes from the lake ``state`` describes (nothing
-    before the initial copy finished: that copy takes the plan's tables as they are)."""
+    before the initial copy finished: that copy takes the plan's tables as they are). Tables
+    to copy anew count as added: those of ``resync`` (``pgcdc resync``), and the parked ones
+    with ``resync_parked``; a parked table stays out otherwise."""
     if not state.snapshot_done:
         return TableChanges()
     planned = {t.table_id for t in plan.tables}
     mirrored = set(state.tables)
+    parked = set(state.parked())
+    again = set(resync) | (parked if resync_parked else set())
     return TableChanges(
-        added=tuple(t for t in plan.tables if t.table_id not in mirrored),
-        removed=tuple(sorted(mirrored - planned)),
+        added=tuple(
+            t
+            for t in plan.tables
+            if t.table_id in again or (t.table_id not in mirrored and t.table_id not in parked)
+        ),
+        removed=tuple(sorted((mirrored | parked) - planned)),
         unfinished=tuple(
             sorted(
                 table_id
@@ -124,48 +147,76 @@ def table_changes(state: PipelineState, plan: SourcePlan) -> TableChanges:
     )
 
 
+def changes_of(
+    config: PipelineConfig,
+    state: PipelineState,
+    plan: SourcePlan,
+    requests: Collection[str],
+) -> TableChanges:
+    """``table_changes`` as ``config`` asks: parked tables copied anew at once with ``[lake]
+    on_table_failure = "resync"``; ``requests``: the tables ``pgcdc resync`` named."""
+    return table_changes(
+        state,
+        plan,
+        resync=requests,
+        resync_parked=config.lake.on_table_failure == "resync",
+    )
+
+
 class TableDiscovery:
-    """While ``pipeline`` streams: the tables created on the source since it started that a
-    ``[[tables]]`` pattern matches, looked for every ``interval`` seconds (the catalog, as a
-    start plans it). Found, they join the way a start adds tables: the stream stops between two
+    """While ``pipeline`` streams: the tables to add now. Every ``interval`` seconds, the
+    tables created on the source since it started that a ``[[tables]]`` pattern matches (the
+    catalog, as a start plans it); every ``REQUESTS_INTERVAL`` seconds, the tables ``pgcdc
+    resync`` asked to copy anew, and parked tables when ``[lake] on_table_failure`` is
+    "resync". Found, they join the way a start adds tables: the stream stops between two
     batches, ``TableSet.apply`` copies them, the stream resumes (``pipeline.Pipeline``)."""
+
+    #: seconds between two looks for ``pgcdc resync``'s requests (a listing of a folder)
+    REQUESTS_INTERVAL = 5.0
 
     def __init__(self, pipeline: Pipeline, interval: float) -> None:
         self.pipeline = pipeline
         self.interval = interval
-        self._next = time.monotonic() + interval
+        started = time.monotonic()
+        self._next_plan = started + interval if interval > 0 else float("inf")
+        self._next_requests = started
         self._said: str | None = None
 
     @classmethod
-    def of(cls, pipeline: Pipeline) -> TableDiscovery | None:
-        """The discovery of ``pipeline``'s run; None when nothing can be found (no pattern in
-        ``[[tables]]``, or the interval is 0)."""
-        interval = pipeline.config.source.table_discovery_interval
-        if interval <= 0 or not any(t.is_pattern for t in pipeline.config.tables):
-            return None
-        return cls(pipeline, interval)
+    def of(cls, pipeline: Pipeline) -> TableDiscovery:
+        return cls(pipeline, pipeline.config.source.table_discovery_interval)
 
     def found(self) -> tuple[str, ...]:
-        """The table ids that would join now, when a check is due (else, or on failure, none:
-        a source that cannot be planned is the stream's to report, or the next start's)."""
+        """The table ids to add now, when a look is due (else, or on failure, none: a source
+        that cannot be planned is the stream's to report, or the next start's)."""
         now_ = time.monotonic()
-        if now_ < self._next:
-            return ()
-        self._next = now_ + self.interval
         pipeline = self.pipeline
+        patterns = any(t.is_pattern for t in pipeline.config.tables)
+        plan_due = patterns and now_ >= self._next_plan
+        requests_due = now_ >= self._next_requests
+        if not plan_due and not requests_due:
+            return ()
+        if requests_due:
+            self._next_requests = now_ + self.REQUESTS_INTERVAL
         try:
             state = load_state(pipeline.layout) or pipeline.state
             if state is None:
                 return ()
+            requests = resync_requests(pipeline.layout)
+            resync_parked = pipeline.config.lake.on_table_failure == "resync" and state.parked()
+            if not plan_due and not requests and not resync_parked:
+                return ()
+            if plan_due:
+                self._next_plan = now_ + self.interval
             plan = pipeline.replan(state)
         except (PgcdcError, OSError) as exc:
             message = scrub_secrets(str(exc))
             if message != self._said:  # once per reason, not every interval
-                log.warning("looking for new tables failed (tried again later): %s", message)
+                log.warning("looking for tables to add failed (tried again later): %s", message)
                 self._said = message
             return ()
         self._said = None
-        return tuple(t.table_id for t in table_changes(state, plan).added)
+        return tuple(t.table_id for t in changes_of(pipeline.config, state, plan, requests).added)
 
 
 class TableSet:
@@ -178,10 +229,12 @@ class TableSet:
         self.dsn = pipeline.dsn
 
     def apply(self, plan: SourcePlan, state: PipelineState, result: RunResult) -> PipelineState:
-        """The lake's state once the tables ``plan`` adds are copied and the ones it removes
-        are left; the state as it was when nothing changes."""
-        changes = table_changes(state, plan)
+        """The lake's state once the tables ``plan`` adds (or ``pgcdc resync`` asks for) are
+        copied and the ones it removes are left; the state as it was when nothing changes."""
+        requests = resync_requests(self.layout)
+        changes = changes_of(self.pipeline.config, state, plan, requests)
         if not changes and not plan.publication_add and not plan.publication_drop:
+            resync_done(requests, list(requests))  # of tables no longer configured
             return state
         self._refuse_unknown_folders(changes.added, state)
         if changes.unfinished:
@@ -205,6 +258,7 @@ class TableSet:
             result.removed = changes.removed
         if changes.added:
             state = self._add(plan, changes.added, state, result)
+        resync_done(requests, list(requests))
         return state
 
     def _refuse_unknown_folders(self, added: Sequence[LakeTable], state: PipelineState) -> None:

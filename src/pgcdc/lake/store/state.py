@@ -48,7 +48,7 @@ import os
 import stat
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -57,7 +57,7 @@ from typing import Any, Literal
 
 from pgcdc.errors import PgcdcError
 from pgcdc.lake.store.storage import LakeLocation, LakePath, Lease, StorageError, StoreConflict
-from pgcdc.lake.store.tables import LakeLayout
+from pgcdc.lake.store.tables import LakeLayout, encode_name
 
 __all__ = [
     "RUN_LOCK",
@@ -77,6 +77,9 @@ __all__ = [
     "planned_batch",
     "remove_failure_notes",
     "remove_torn_writes",
+    "request_resync",
+    "resync_done",
+    "resync_requests",
     "run_lock",
     "save_failure_note",
     "save_state",
@@ -84,16 +87,18 @@ __all__ = [
 
 log = logging.getLogger("pgcdc.lake")
 
-#: 3: ``phases`` (tables added or removed after the initial copy); 2: the lake's tables are
-#: written by Delta's Spark connector (deletion vectors, column mapping); 1 was delta-rs's
-#: copy-on-write tables, which this version does not write to. A format 2 state reads as one
-#: without phases (and is written as 3 from then on: an older pgcdc then refuses it by name)
-STATE_FORMAT = 3
+#: 4: parked tables (``TablePhase.reason``); 3: ``phases`` (tables added or removed after the
+#: initial copy); 2: the lake's tables are written by Delta's Spark connector (deletion
+#: vectors, column mapping); 1 was delta-rs's copy-on-write tables, which this version does not
+#: write to. A format 2 or 3 state reads as one without what came later (and is written as 4
+#: from then on: an older pgcdc then refuses it by name)
+STATE_FORMAT = 4
 #: the formats this version reads
-READABLE_FORMATS = (2, 3)
+READABLE_FORMATS = (2, 3, 4)
 
-#: ``TablePhase.phase``: being copied, streamed since its copy, left the configuration
-TablePhaseName = Literal["copying", "streaming", "removed"]
+#: ``TablePhase.phase``: being copied, streamed since its copy, left the configuration, no
+#: longer written because of ``reason`` (since ``parked_at``)
+TablePhaseName = Literal["copying", "streaming", "removed", "parked"]
 
 
 class StateError(PgcdcError, RuntimeError):
@@ -141,6 +146,10 @@ class TablePhase:
     copied_at: str | None = None
     copy_started_at: str | None = None
     rows: int | None = None
+    #: a parked table's: why, with the fix, and the slot's confirmed LSN then (the lake holds
+    #: its changes up to there)
+    reason: str | None = None
+    parked_at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +222,10 @@ class PipelineState:
             for table_id, phase in self.phases.items()
             if phase.phase == "streaming" and phase.copied_at is not None
         }
+
+    def parked(self) -> dict[str, TablePhase]:
+        """The parked tables' phases, by table id."""
+        return {t: p for t, p in self.phases.items() if p.phase == "parked"}
 
     def checkpoint(self, layout: LakeLayout) -> LakePath:
         return layout.checkpoint_dir(self.generation)
@@ -500,3 +513,46 @@ def remove_failure_notes(layout: LakeLayout, *, applied: int | None = None) -> N
                 continue
         with contextlib.suppress(OSError):
             path.unlink()
+
+
+# -- resync requests -----------------------------------------------------------------------
+#
+# ``pgcdc resync`` asks for tables to be copied anew without holding the lake (a run may be
+# streaming): one small file per table under ``_pgcdc/resync/``, which the run holding the
+# lake picks up (``table_set.TableDiscovery``), or the next start; removed once the copy is in
+# the lake's state.
+
+
+def _resync_folder(layout: LakeLayout) -> LakePath:
+    return layout.state_dir / "resync"
+
+
+def request_resync(layout: LakeLayout, table_ids: Sequence[str]) -> None:
+    """Ask for ``table_ids`` to be copied anew."""
+    store = layout.location.store()
+    for table_id in table_ids:
+        body = json.dumps({"table": table_id, "at": now()}).encode()
+        store.write((_resync_folder(layout) / encode_name(table_id)).key, body)
+
+
+def resync_requests(layout: LakeLayout) -> dict[str, LakePath]:
+    """The tables asked to be copied anew, by table id, with their request files."""
+    folder = _resync_folder(layout)
+    found: dict[str, LakePath] = {}
+    for name in folder.names():
+        path = folder / name
+        try:
+            table_id = json.loads(path.read_text() or "{}").get("table")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(table_id, str):
+            found[table_id] = path
+    return found
+
+
+def resync_done(requests: Mapping[str, LakePath], table_ids: Sequence[str]) -> None:
+    """Remove the requests of ``table_ids`` (copied anew)."""
+    for table_id in table_ids:
+        path = requests.get(table_id)
+        if path is not None:
+            path.remove()

@@ -199,6 +199,8 @@ class LakeBatchWriter:
     #: (table id, LSN) of the tables added after the initial copy: their copy holds what
     #: committed before the LSN (``skip_copied``)
     copied_at: tuple[tuple[str, int], ...] = ()
+    #: the parked tables (their changes are not written; ``pgcdc resync`` brings them back)
+    parked: tuple[str, ...] = ()
 
     def _paths(self, table: LakeTable) -> dict[TableKind, str]:
         layout = LakeLayout(LakePath.parse(self.lake).location)
@@ -276,7 +278,7 @@ class LakeBatchWriter:
                 ):
                     if n:
                         result.per_op[(t, op)] = n
-            unknown = sorted(set(overview.tables) - known)
+            unknown = sorted(set(overview.tables) - known - set(self.parked))
             if unknown:
                 log.warning(
                     "batch %s has changes of tables the pipeline does not mirror (%s): "
