@@ -30,6 +30,12 @@ of tables no longer configured. ``pgcdc run --check`` reports them and changes n
 
    A table that changed its columns during the copy makes it copy again (``copy_attempts``).
 
+The same copy takes a table anew: one ``pgcdc resync`` asked for (``state.request_resync``),
+or a parked one with ``[lake] on_table_failure = "resync"`` (``Pipeline.check_shapes`` parks a
+table whose DDL the lake cannot follow); its old Delta tables are removed first. A running
+``pgcdc run`` looks for such tables, and for new ones patterns match, while it streams
+(``TableDiscovery``), and stops its stream between two batches to copy them.
+
 The handover has no gap and no duplicate. The stream resumes at the main slot's confirmed LSN
 (before X) and applies an added table's changes committed at X or later, and only those
 (``batch.skip_copied``): the snapshot exported at X holds exactly the transactions whose commit
@@ -250,7 +256,10 @@ class TableSet:
             phases[table.table_id] = TablePhase(
                 "copying", table.schema, table.name, attempt=attempt
             )
-        state = state.evolve(phases=phases)
+        # a table copied anew (pgcdc resync) is not written until its copy lands: a start
+        # after a kill in between copies it again instead of writing a half-copied table
+        again = {t.table_id for t in changes.added}
+        state = state.evolve(phases=phases, tables=tuple(t for t in state.tables if t not in again))
         save_state(self.layout, state)
         ensure_publication(self.dsn, self.config, plan)
         if changes.removed:
