@@ -278,17 +278,22 @@ def copy_in_snapshot(
 
 
 def build_indexes(spark: Any, layout: LakeLayout, tables: Sequence[LakeTable]) -> None:
-    """The key indexes of the copied mirrors (``pgcdc.lake.write.indexed``), built now, by one
-    Spark job for all, so that the first batch does not build them. A failure is logged:
-    the first batch that needs an index builds it."""
+    """The key indexes of the copied mirrors and histories (``pgcdc.lake.write.indexed``),
+    built now, by one Spark job for all, so that the first batch does not build them. A
+    failure is logged: the first batch that needs an index builds it."""
 
     wanted = []
     for table in tables:
         if table.multiset:
             continue
-        log_ = TableLog(spark, str(table.path(layout, "mirror")))
-        folder = index_folder(layout, table, "mirror")
-        wanted.append(IndexWanted(log_, log_.snapshot(), tuple(table.row_keys), folder))
+        # a history's index too (its current versions): the first batch would build each
+        # anew, a Spark job listing its files per history (100 s for a hundred of them)
+        for kind in [k for k in table.kinds() if k in ("mirror", "history")]:
+            log_ = TableLog(spark, str(table.path(layout, kind)))
+            folder = index_folder(layout, table, kind)
+            wanted.append(
+                IndexWanted(log_, log_.snapshot(), tuple(table.row_keys), folder, kind == "history")
+            )
     if not wanted:
         return
     try:

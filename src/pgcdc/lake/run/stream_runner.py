@@ -247,7 +247,7 @@ class StreamRunner:
                 self.failures.clear(None)  # if the checkpoint committed the failed batch since
                 if until_caught_up:
                     self._drain_maintenance(state.stream_app_id)
-                    pipeline.drop_gone_columns()
+                    pipeline.drop_gone_columns(every=True)
                 return () if pipeline.stopping.is_set() else joining
             if pipeline.fatal is not None:
                 return ()
