@@ -252,6 +252,9 @@ class _Crowded(Maintenance):
             raise ConcurrentAppendException(message="Files were added by a concurrent update")
         return True
 
+    def checkpoint_if_due(self, spark: Any, name: str, path: str) -> bool:
+        return False
+
     def purge_if_due(self, spark: Any, name: str, path: str) -> bool:
         return False
 

@@ -1,5 +1,5 @@
-"""DDL the lake cannot follow parks the table, or stops ``pgcdc run`` (``on_table_failure =
-"stop"``), before a batch of it is written, naming the fix.
+"""DDL the lake cannot follow stops ``pgcdc run`` (or parks the table: ``on_table_failure =
+"park"``) before a batch of it is written, naming the fix.
 
 Each case was a silent divergence (found by a review helper): a renamed column read NULL for
 every row not updated since; a table dropped and created again kept the old table's rows; a
@@ -195,7 +195,7 @@ def test_a_table_the_lake_cannot_follow_is_parked_and_resync_brings_it_back(
     tmp_path: Path,
     background: Callable[[Pipeline], Background],
 ) -> None:
-    """``[lake] on_table_failure = "park"`` (the default): DDL the lake cannot follow on one
+    """``[lake] on_table_failure = "park"``: DDL the lake cannot follow on one
     table parks that table, with the reason and the fix; the other table streams on and the
     slot advances; ``status`` and ``run --until-caught-up`` say so (exit 1). ``pgcdc
     resync`` brings the table back, copied anew, by a running run or the next start."""
@@ -207,7 +207,8 @@ def test_a_table_the_lake_cannot_follow_is_parked_and_resync_brings_it_back(
     toml = tmp_path / "pipeline.toml"
     toml.write_text(
         f"[source]\ndsn = '{pg.dsn()}'\nslot = 'lake_slot'\npublication = 'lake_pub'\n"
-        f"[lake]\npath = '{lake}'\n[[tables]]\nname = 't'\nhistory = true\n"
+        f"[lake]\npath = '{lake}'\non_table_failure = 'park'\n"
+        "[[tables]]\nname = 't'\nhistory = true\n"
         "[[tables]]\nname = 'other'\n"
     )
     config = load_config(toml)
