@@ -59,7 +59,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +95,7 @@ from pgcdc.lake.store.state import (
     save_state,
 )
 from pgcdc.lake.store.storage import Lease
-from pgcdc.lake.store.tables import MIRROR_COLUMNS, LakeLayout, LakeTable
+from pgcdc.lake.store.tables import MIRROR_COLUMNS, LakeLayout
 from pgcdc.lake.write.batch import KILL_ENV, KILL_POINTS, PROGRESS, KillAt, Progress
 from pgcdc.lake.write.schema_evolution import evolve
 from pgcdc.metrics import PipelineMetrics
@@ -329,20 +328,16 @@ class Pipeline:
             and (every or recorded.get(t.table_id) != set(shapes[t.table_id].columns))
         ]
 
-        def gone(table: LakeTable) -> list[str]:
-            names = TableLog(spark, str(table.path(self.layout, "mirror"))).column_names()
+        for table in tables:
+            path = str(table.path(self.layout, "mirror"))
             present = set(shapes[table.table_id].columns) | set(MIRROR_COLUMNS)
-            return [name for name in names or () if name not in present]
-
-        with ThreadPoolExecutor(8, thread_name_prefix="pgcdc-columns") as pool:
-            found = list(pool.map(gone, tables))
-        for table, names in zip(tables, found, strict=True):
-            if names:
+            names = TableLog(spark, path).column_names() or []
+            gone = [name for name in names if name not in present]
+            if gone:
                 from pyspark.sql import types as T
 
-                path = str(table.path(self.layout, "mirror"))
                 schema = table_schema(spark, path)
-                keep = T.StructType([f for f in schema.fields if f.name not in names])
+                keep = T.StructType([f for f in schema.fields if f.name not in gone])
                 evolve(spark, path, keep, drop_missing=True, what=f"{table.table_id} mirror")
 
     def check_shapes(self, *, replan: bool = False) -> dict[str, TableShape]:
@@ -413,10 +408,10 @@ class Pipeline:
         at once instead (``TableSet``), which needs the stream stopped: the run restarts."""
         slot = slot_info(self.dsn, self.config.source.slot)
         at = None if slot is None or slot.confirmed_flush_lsn is None else slot.confirmed_flush_lsn
-        phases = dict(state.phases)
+        phases: dict[str, TablePhase] = {}
         for table_id, problem in problems.items():
             schema, name = self.layout.split_table_id(table_id)
-            before = phases.get(table_id)
+            before = state.phases.get(table_id)
             reason = (
                 f"{problem}: the lake cannot follow that. Fix: pgcdc resync --config "
                 f"pipeline.toml {table_id} (copies it anew while the others stream on)"
@@ -436,12 +431,7 @@ class Pipeline:
                 reason,
                 extra={"table": table_id, "lsn": None if at is None else str(at)},
             )
-        gone = set(problems)
-        state = state.evolve(
-            tables=tuple(t for t in state.tables if t not in gone),
-            phases=phases,
-            shapes={k: v for k, v in state.shapes.items() if k not in gone},
-        )
+        state = state.unwritten(phases)
         save_state(self.layout, state)
         self.state = state
         self.metrics.record_error("parked")

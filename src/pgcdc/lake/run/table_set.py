@@ -286,12 +286,7 @@ class TableSet:
                     )
 
     def _remove(self, state: PipelineState, removed: Sequence[str]) -> PipelineState:
-        gone = set(removed)
-        state = state.evolve(
-            tables=tuple(t for t in state.tables if t not in gone),
-            phases={**state.phases, **{t: _removed(state, self.layout, t) for t in removed}},
-            shapes={k: v for k, v in state.shapes.items() if k not in gone},
-        )
+        state = state.unwritten({t: _removed(state, self.layout, t) for t in removed})
         save_state(self.layout, state)
         log.info(
             "stopped mirroring %s: removed from the configuration; their lake tables are kept",

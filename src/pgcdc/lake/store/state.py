@@ -223,6 +223,15 @@ class PipelineState:
             if phase.phase == "streaming" and phase.copied_at is not None
         }
 
+    def unwritten(self, phases: Mapping[str, TablePhase]) -> PipelineState:
+        """The state once the tables of ``phases`` (removed or parked) are no longer written:
+        out of ``tables`` and ``shapes``, with those phases."""
+        return self.evolve(
+            tables=tuple(t for t in self.tables if t not in phases),
+            phases={**self.phases, **phases},
+            shapes={k: v for k, v in self.shapes.items() if k not in phases},
+        )
+
     def parked(self) -> dict[str, TablePhase]:
         """The parked tables' phases, by table id."""
         return {t: p for t, p in self.phases.items() if p.phase == "parked"}
