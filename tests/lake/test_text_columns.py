@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,14 @@ from psycopg import sql
 from pgcdc.lake.config import ConfigError
 from pgcdc.lake.results import PipelineError
 from pgcdc.lake.run.pipeline import Pipeline
+from pgcdc.lake.store.state import request_resync
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background
 from tests.lake.test_pipeline import assert_equal, make_config, mirror_rows
 
 pytestmark = pytest.mark.slow
+
+STOP = {"on_table_failure": "stop"}  # the value's error itself, not the table parked
 
 ODD = """
 CREATE TABLE odd (
@@ -104,13 +108,18 @@ def test_values_no_typed_column_holds_are_mirrored_as_text(
     assert 2 not in streamed and 13 not in streamed
     assert sorted(v for _, v in mirror_rows(second, "public.ts")) == [4, 11, 13]
 
-    # the lake's column holds text: taking it out of text_columns is refused, nothing written
+    # the lake's column holds text: taking it out of text_columns parks the table (the
+    # default), nothing written to it; ts streams on
     tables[0]["text_columns"] = ["n", "c", "ip", "n2"]
     pg.execute("INSERT INTO odd (id) VALUES (30)")
+    pg.execute("UPDATE ts SET v = 99 WHERE v = 4")
     third = Pipeline(make_config(pg, lake, tables), spark=spark)
-    with pytest.raises(PipelineError, match=r"'m' of public\.odd is mirrored typed now"):
-        third.run(until_caught_up=True)
-    assert 30 not in odd_rows(second)
+    third.run(until_caught_up=True)
+    assert third.state is not None
+    reason = third.state.parked()["public.odd"].reason or ""
+    assert "'m' of public.odd is mirrored typed now" in reason, reason
+    assert 30 not in odd_rows(third)
+    assert sorted(v for _, v in mirror_rows(third, "public.ts")) == [11, 13, 99]
 
 
 def test_without_text_columns_the_error_names_the_column_and_the_fix(
@@ -128,12 +137,68 @@ def test_without_text_columns_the_error_names_the_column_and_the_fix(
     assert "report a bug" not in text
 
     pg.execute("UPDATE odd SET n = 1")
+    config = make_config(pg, tmp_path / "lake", [{"name": "odd"}], lake_options=STOP)
     Pipeline(config, spark=spark).run(until_caught_up=True)  # the copy, again
     pg.execute("UPDATE odd SET m = '{{1},{2}}'")
     with pytest.raises(PipelineError) as info:
         Pipeline(config, spark=spark).run(until_caught_up=True)
     text = str(info.value)
     assert "column 'm'" in text and 'text_columns = ["m"]' in text, text
+
+
+@newest_server
+def test_a_value_no_column_holds_parks_its_table_and_resync_brings_it_back(
+    pg: PgDatabase, spark: Any, tmp_path: Path
+) -> None:
+    """A NaN in the stream for a typed numeric(p,s) parks that table (the default), with the
+    column and text_columns as the fix; the other table streams on, and later runs read past
+    the parked table's values (more NaNs, DDL) without failing. text_columns and ``pgcdc
+    resync`` bring it back, equal to its source."""
+    pg.execute(
+        "CREATE TABLE odd (id int PRIMARY KEY, n numeric(10,2));"
+        "CREATE TABLE fine (id int PRIMARY KEY, v int);"
+        "INSERT INTO odd VALUES (1, 1.5), (2, 2.5);"
+        "INSERT INTO fine SELECT g, g FROM generate_series(1, 5) g"
+    )
+    lake = tmp_path / "lake"
+    tables: list[dict[str, Any]] = [{"name": "odd"}, {"name": "fine"}]
+    config = make_config(pg, lake, tables)
+    Pipeline(config, spark=spark).run(until_caught_up=True)  # the copy
+
+    pg.execute("UPDATE odd SET n = 'NaN' WHERE id = 1; UPDATE fine SET v = 10 WHERE id = 1")
+    pg.execute("UPDATE fine SET v = 20 WHERE id = 2; DELETE FROM odd WHERE id = 2")
+    parked = Pipeline(config, spark=spark)
+    parked.run(until_caught_up=True)  # does not raise: fine went on
+    assert parked.state is not None
+    reason = parked.state.parked()["public.odd"].reason or ""
+    assert "column 'n'" in reason and 'text_columns = ["n"]' in reason, reason
+    assert "pgcdc resync --config pipeline.toml public.odd" in reason, reason
+    assert sorted(mirror_rows(parked, "public.odd")) == [(1, Decimal("1.50")), (2, Decimal("2.50"))]
+    assert [v for _, v in mirror_rows(parked, "public.fine")] == [10, 20, 3, 4, 5]
+
+    # the parked table's changes are left unread: its values and DDL fail nothing
+    pg.execute("INSERT INTO odd VALUES (3, 'NaN'); ALTER TABLE odd ADD COLUMN w int")
+    pg.execute("INSERT INTO odd VALUES (4, 'NaN', 4); UPDATE fine SET v = 30 WHERE id = 3")
+    on = Pipeline(config, spark=spark)
+    on.run(until_caught_up=True)
+    assert [v for _, v in mirror_rows(on, "public.fine")] == [10, 20, 30, 4, 5]
+    assert on.state is not None and "public.odd" in on.state.parked()
+
+    tables[0]["text_columns"] = ["n"]
+    config = make_config(pg, lake, tables)
+    back = Pipeline(config, spark=spark)
+    request_resync(back.layout, ["public.odd"])
+    assert back.run(until_caught_up=True).added_rows == {"public.odd": 3}
+    assert back.state is not None and back.state.parked() == {}
+    pg.execute("UPDATE odd SET n = 'NaN' WHERE id = 3; UPDATE fine SET v = 40 WHERE id = 4")
+    final = Pipeline(config, spark=spark)
+    final.run(until_caught_up=True)
+    assert sorted(mirror_rows(final, "public.odd")) == [
+        (1, "NaN", None),
+        (3, "NaN", None),
+        (4, "NaN", 4),
+    ]
+    assert_equal(final)
 
 
 def test_a_text_column_the_table_lacks_is_refused(pg: PgDatabase, tmp_path: Path) -> None:

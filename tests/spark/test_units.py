@@ -527,3 +527,23 @@ def test_a_spool_without_an_owner_file_is_judged_by_its_process_id(tmp_path: Any
         os.utime(folder, (old, old))
     Spool(str(tmp_path)).close()
     assert not gone.exists() and live.exists() and fresh.exists()
+
+
+def test_skipped_tables_leave_the_catalog_and_are_known_by_oid_or_name() -> None:
+    """``skipTables`` (pgcdc run's parked tables): out of the schema, their rows dropped by
+    OID (a rename) or by name (dropped and created again); a name not published is ignored."""
+    column = (CatalogColumn("id", 23, -1, "integer", 0, True),)
+    kept = CatalogTable(1, "public", "kept", "d", column)
+    parked = CatalogTable(2, "public", "parked", "d", column)
+    catalog = SourceCatalog((kept, parked), (), 180000).without(
+        [("public", "parked"), ("public", "gone")]
+    )
+    assert catalog.tables == (kept,) and catalog.skipped == (parked,)
+    assert catalog.skips(2, "public", "renamed") and catalog.skips(99, "public", "parked")
+    assert not catalog.skips(1, "public", "kept")
+    from pgcdc.spark.schema import source_schema
+
+    names = [f.name for f in source_schema(catalog).fields]
+    assert table_column("public", "kept") in names
+    assert table_column("public", "parked") not in names
+    assert SourceCatalog((kept,), (), 180000).without([]).skipped == ()

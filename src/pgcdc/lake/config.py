@@ -38,9 +38,10 @@ Reference (defaults in brackets):
     ``path``: the lake folder (local, a shared filesystem mounted at the same path on every
     Spark machine, or an S3 prefix); ``history`` [false] and ``changelog`` [false]: defaults
     for every table; ``write`` ["indexed"]: "indexed" or "merge" (``pgcdc.lake.write.indexed``);
-    ``on_table_failure`` ["stop"]: a table whose DDL the lake cannot follow stops the
-    pipeline, or "park" parks it (no longer written while the others stream on, until
-    ``pgcdc resync``), or "resync" copies it anew at once;
+    ``on_table_failure`` ["park"]: a table whose DDL the lake cannot follow, or whose stream
+    holds a value no lake column can, is parked (no longer written or read while the others
+    stream on, until ``pgcdc resync``), or "stop" stops the pipeline, or "resync" copies it
+    anew at once;
     ``compact_files`` [100], ``target_file_size`` ["16MB"], ``purge_deleted_share`` [0.25],
     ``vacuum`` [true], ``vacuum_retention_hours`` [168] and ``vacuum_interval`` [3600]:
     compaction of each Delta table's small files, purging of the rows its deletion vectors mark
@@ -451,11 +452,11 @@ class LakeSettings(_Model):
         ),
     )
     on_table_failure: Literal["park", "stop", "resync"] = Field(
-        default="stop",
+        default="park",
         description=(
-            "a table whose DDL the lake cannot follow: 'stop' the pipeline, 'park' it (the "
-            "others stream on; pgcdc resync brings it back), or 'resync' it (copied anew at "
-            "once)"
+            "a table whose DDL the lake cannot follow, or whose stream holds a value no lake "
+            "column can: 'park' it (the others stream on; pgcdc resync brings it back), "
+            "'stop' the pipeline, or 'resync' it (copied anew at once)"
         ),
     )
     compact_files: int = Field(

@@ -96,12 +96,31 @@ class SourceCatalog:
     publications: tuple[str, ...] = ()
     database: str = ""
     block_size: int = 8192
+    #: published tables the query leaves out (option ``skipTables``)
+    skipped: tuple[CatalogTable, ...] = ()
 
     def table(self, schema: str, name: str) -> CatalogTable | None:
         for table in self.tables:
             if table.schema == schema and table.name == name:
                 return table
         return None
+
+    def without(self, names: Collection[tuple[str, str]]) -> SourceCatalog:
+        """The catalog with the tables of ``names`` (schema, table) left out and noted as
+        skipped; names it does not have are ignored (a table no longer published, say)."""
+        wanted = set(names)
+        if not wanted:
+            return self
+        gone = [t for t in self.tables if (t.schema, t.name) in wanted]
+        return dataclasses.replace(
+            self,
+            tables=tuple(t for t in self.tables if (t.schema, t.name) not in wanted),
+            skipped=self.skipped + tuple(gone),
+        )
+
+    def skips(self, relid: int, schema: str, name: str) -> bool:
+        """Whether the query leaves out the rows of this relation (by OID or by name)."""
+        return any(t.relid == relid or (t.schema, t.name) == (schema, name) for t in self.skipped)
 
 
 def _connect(dsn: str, connect_timeout: float) -> psycopg.Connection[Any]:

@@ -102,8 +102,8 @@ class ChangeDecoder:
         (``CatalogColumn.as_text``), and time columns the query holds as strings (a typed
         time64 cannot hold PostgreSQL's ``24:00:00``; the text is the string either way)."""
         table = find_table(normalize(relation), self.tables)
-        if table is None:
-            return frozenset()
+        if table is None:  # its rows are dropped: as text, no value of theirs fails the batch
+            return frozenset(c.name for c in relation.columns)
         layout = self.layouts.get(table.relid)
         names = {c.name for c in table.columns if c.as_text}
         # a column the query's table lacks (added since) is never used: the batch fails with

@@ -37,6 +37,7 @@ __all__ = [
     "is_schema_changed",
     "java_causes",
     "raised_as",
+    "tagged_message",
     "unreadable_value",
 ]
 
@@ -110,9 +111,34 @@ class CopyAgain(SparkSourceError):
     tagged = True
 
 
+class UnreadableValueError(SparkSourceError):
+    """A value the query's type for its column cannot take (NaN in a numeric(p,s), an array of
+    more dimensions than declared, ``24:00:00`` as a TIME): the column must be read as text.
+    The message starts with the table's ``schema.table`` (after the tag)."""
+
+    tagged = True
+
+
 _TAGGED: dict[str, type[SparkSourceError]] = {
-    cls.__name__: cls for cls in (SchemaChanged, CopyAgain)
+    cls.__name__: cls for cls in (SchemaChanged, CopyAgain, UnreadableValueError)
 }
+
+
+def tagged_message(error: BaseException | None, cls: type[SparkSourceError]) -> str | None:
+    """The message of the ``cls`` error in ``error``'s cause/context chain (tagged classes
+    only; an executor's error as Spark wraps it too): its text after the tag, to the end of
+    its line; None when there is none."""
+    seen: set[int] = set()
+    marker = f"[pgcdc:{cls.__name__}] "
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        at = text.find(marker)
+        if at >= 0:
+            return text[at + len(marker) :].split("\n", 1)[0].strip()
+        error = error.__cause__ or error.__context__
+    return None
+
 
 #: The tag that starts every ``SchemaChanged`` message
 SCHEMA_CHANGED_MARKER = "[pgcdc:SchemaChanged]"
@@ -138,11 +164,6 @@ def is_schema_changed(error: BaseException | None) -> bool:
     errors) is a ``SchemaChanged``."""
     raised = raised_as(error)
     return raised is not None and issubclass(raised, SchemaChanged)
-
-
-class UnreadableValueError(SparkSourceError):
-    """A value the query's type for its column cannot take (NaN in a numeric(p,s), an array of
-    more dimensions than declared, ``24:00:00`` as a TIME): the column must be read as text."""
 
 
 def unreadable_value(column: tuple[str, str, str], reason: str) -> UnreadableValueError:

@@ -23,6 +23,9 @@ carry an ``s``. Stream options (``spark.readStream.format("pgcdc")``):
                          function prints, whatever the type (``{"public.t": ["price"]}``): for
                          values no typed column holds (NaN in numeric(p,s), arrays of more
                          dimensions than declared, ``24:00:00`` with ``timeAsTime``)
+``skipTables``           published tables whose changes the query leaves out, as the option
+                         ``tables`` names them (``pgcdc run`` passes its parked tables): not in
+                         the schema, their values read as text and dropped, their DDL ignored
 ``timeAsTime``           time columns as TIME(6) instead of strings (default false; Spark needs
                          ``spark.sql.timeType.enabled=true``)
 ``binary``               ``auto`` (default: binary values unless a column's type is unknown to the

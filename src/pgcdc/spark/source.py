@@ -52,13 +52,15 @@ def load_source_catalog(options: Any) -> SourceCatalog:
             table: [render_filter(text) for text in texts]
             for table, texts in settings.row_filters.items()
         }
-    return load_catalog(
+    catalog = load_catalog(
         dsn,
         publications=_names("publications", publications_text) if publications_text else (),
         tables=parse_qualified_names("tables", tables_text) if tables_text else (),
         extra_filters=extra,
         text_columns=text_columns(options),
     )
+    skip_text = _get(options, "skipTables")
+    return catalog.without(parse_qualified_names("skipTables", skip_text) if skip_text else ())
 
 
 class PgcdcDataSource(DataSource):

@@ -145,8 +145,11 @@ class _Runtime:
 
         registry = registry_for(catalog)
         if settings.binary == "auto":
+            # the skipped tables' too: their values are decoded (as text) before being dropped
             binary = all(
-                codec_knows(c.type_oid, registry) for t in catalog.tables for c in t.columns
+                codec_knows(c.type_oid, registry)
+                for t in catalog.tables + catalog.skipped
+                for c in t.columns
             )
         else:
             binary = settings.binary == "true"
@@ -388,6 +391,9 @@ class PgcdcStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for relation in relations:
             key = normalize(relation)
             if key in verdicts:
+                continue
+            if self.catalog.skips(key.relation_id, key.namespace, key.name):
+                verdicts[key] = Verdict(f"{key.namespace}.{key.name}", None)  # rows dropped
                 continue
             table = find_table(key, tables)
             if not mismatch(key, table):

@@ -383,7 +383,14 @@ class Pipeline:
                 "the other tables are not touched)"
             )
         if problems:
-            state = self._park(state, problems)
+            state = self._park(
+                state,
+                {
+                    t: f"{problem}: the lake cannot follow that. Fix: pgcdc resync --config "
+                    f"pipeline.toml {t} (copies it anew while the others stream on)"
+                    for t, problem in problems.items()
+                },
+            )
             mirrored = [t for t in mirrored if t.table_id not in problems]
         found = {
             table_id: shape
@@ -401,21 +408,34 @@ class Pipeline:
             self.state = state
         return found
 
-    def _park(self, state: PipelineState, problems: Mapping[str, str]) -> PipelineState:
-        """Stop writing the tables of ``problems`` (table id -> what changed): parked, with
-        the reason and the fix, at the slot's confirmed LSN (the lake has their changes up to
-        there); the others stream on. ``[lake] on_table_failure = "resync"`` copies them anew
-        at once instead (``TableSet``), which needs the stream stopped: the run restarts."""
+    def park_unreadable(self, table_id: str, message: str) -> None:
+        """Park ``table_id``, whose value in the stream no lake column holds (``message``: the
+        source's ``UnreadableValueError``, which names the column and ``text_columns`` as the
+        fix); the stream restarts without it."""
+        state = load_state(self.layout) or self.state
+        assert state is not None
+        cause, _, fix = message.partition(". Fix: ")
+        self._park(
+            state,
+            {
+                table_id: f"a value its lake column cannot hold ({cause}). Fix: {fix.rstrip('.')}"
+                f"; then pgcdc resync --config pipeline.toml {table_id} (copies it anew while "
+                "the others stream on)"
+            },
+        )
+
+    def _park(self, state: PipelineState, reasons: Mapping[str, str]) -> PipelineState:
+        """Stop writing the tables of ``reasons`` (table id -> what happened and the fix):
+        parked at the slot's confirmed LSN (the lake has their changes up to there); the
+        others stream on, and the stream leaves the parked ones' changes unread. ``[lake]
+        on_table_failure = "resync"`` copies them anew at once instead (``TableSet``), which
+        needs the stream stopped: the run restarts."""
         slot = slot_info(self.dsn, self.config.source.slot)
         at = None if slot is None or slot.confirmed_flush_lsn is None else slot.confirmed_flush_lsn
         phases: dict[str, TablePhase] = {}
-        for table_id, problem in problems.items():
+        for table_id, reason in reasons.items():
             schema, name = self.layout.split_table_id(table_id)
             before = state.phases.get(table_id)
-            reason = (
-                f"{problem}: the lake cannot follow that. Fix: pgcdc resync --config "
-                f"pipeline.toml {table_id} (copies it anew while the others stream on)"
-            )
             phases[table_id] = TablePhase(
                 "parked",
                 schema if before is None else before.schema,
@@ -435,7 +455,7 @@ class Pipeline:
         save_state(self.layout, state)
         self.state = state
         self.metrics.record_error("parked")
-        self.metrics.record_tables((), problems)
+        self.metrics.record_tables((), reasons)
         return state
 
     # -- run -------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import logging
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,7 @@ from pgcdc.lake.run.failures import FailureRecord
 from pgcdc.lake.run.monitor import BatchEvents, SlotMonitor
 from pgcdc.lake.run.table_set import TableDiscovery
 from pgcdc.lake.store.state import PipelineState, remove_torn_writes
-from pgcdc.lake.store.tables import text_columns_option
+from pgcdc.lake.store.tables import LakeTable, text_columns_option
 from pgcdc.lake.write.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
 from pgcdc.lake.write.maintenance import worker_for
 from pgcdc.lsn import Lsn
@@ -172,6 +172,13 @@ class StreamRunner:
                 options["textColumns"] = texts
             else:
                 options.pop("textColumns", None)
+            # a parked table stays published (its slot position is the others'), but the
+            # source drops its changes unread: none of its values or DDL can fail the stream
+            skipped = [[t.schema, t.name] for t in current.tables if t.table_id in writer.parked]
+            if skipped:
+                options["skipTables"] = skipped
+            else:
+                options.pop("skipTables", None)
             spark = pipeline.spark()
             df = read_stream(spark, pipeline.dsn, source.slot, [source.publication], **options)
             query_writer = df.writeStream.foreachBatch(writer).option(
@@ -261,6 +268,13 @@ class StreamRunner:
                     extra={"restarts": restarts},
                 )
                 continue
+            unreadable = self._unreadable_table(error, writer.tables)
+            if unreadable is not None and restarts < MAX_SCHEMA_RESTARTS:
+                restarts += 1
+                result.restarts += 1
+                pipeline.restarts += 1
+                pipeline.park_unreadable(*unreadable)
+                continue
             pipeline.metrics.record_error("stream")
             lost = self._slot_lost()
             if lost is not None:
@@ -309,6 +323,24 @@ class StreamRunner:
         while not pipeline.stopping.is_set() and pipeline.fatal is None:
             if worker.drain(timeout=1.0):
                 return
+
+    def _unreadable_table(
+        self, error: BaseException, tables: Iterable[LakeTable]
+    ) -> tuple[str, str] | None:
+        """(table id, message) when ``error`` is a value of one of ``tables`` that no lake
+        column holds and ``[lake] on_table_failure`` parks such a table; None otherwise."""
+        from pgcdc.spark.errors import UnreadableValueError, tagged_message
+
+        if self.pipeline.config.lake.on_table_failure == "stop":
+            return None
+        message = tagged_message(error, UnreadableValueError)
+        if message is None:
+            return None
+        # the message starts with the table's schema.table (longest first: dots in names)
+        for table_id in sorted((t.table_id for t in tables), key=len, reverse=True):
+            if message.startswith(f"{table_id}: "):
+                return table_id, message
+        return None
 
     def _slot_lost(self) -> str | None:
         """After a failed stream: the slot monitor's message when the slot is gone or
