@@ -73,6 +73,9 @@ class CatalogTable:
     pages: int = 0  # pg_relation_size / block size when loaded (snapshot planning)
     size_bytes: int = 0
     relkind: str = "r"  # 'r' table, 'p' partitioned table (published via its root)
+    #: (former name, name) of columns renamed since the query's changes began (option
+    #: ``renamedColumns``), oldest first: a Relation from before a rename names the former
+    renamed: tuple[tuple[str, str], ...] = ()
 
     @property
     def qualified(self) -> str:
@@ -84,6 +87,14 @@ class CatalogTable:
             if column.name == name:
                 return column
         return None
+
+    def current_name(self, name: str) -> str:
+        """The name of the column a Relation calls ``name``: its name now when ``name`` is a
+        former name of it (renames followed in order), else ``name``."""
+        for former, now in self.renamed:
+            if name == former and self.column(name) is None:
+                name = now
+        return name
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,9 +106,6 @@ class ChangeDecoder:
             return frozenset(c.name for c in relation.columns)
         layout = self.layouts.get(table.relid)
         names = {c.name for c in table.columns if c.as_text}
-        # a column the query's table lacks (added since) is never used: the batch fails with
-        # SchemaChanged first, and the restarted query reads it as its text_columns say
-        names.update(c.name for c in relation.columns if table.column(c.name) is None)
         if layout is not None:
             for column in table.columns:
                 index = layout.image_type.get_field_index(column.name)
@@ -118,7 +115,15 @@ class ChangeDecoder:
                     and self._base_type(column.type_oid) == TIME_OID
                 ):
                     names.add(column.name)
-        return frozenset(names)
+        # by the Relation's names: a former name reads as its column now; a column the query's
+        # table lacks (added since) is never used: the batch fails with SchemaChanged first,
+        # and the restarted query reads it as its text_columns say
+        return frozenset(
+            c.name
+            for c in relation.columns
+            if table.column(table.current_name(c.name)) is None
+            or table.current_name(c.name) in names
+        )
 
     def _base_type(self, type_oid: int) -> int:
         """A domain's base type OID (the type's own for anything else)."""
@@ -180,7 +185,9 @@ class ChangeDecoder:
     def _part_struct(self, part: RelationBatch, layout: TableLayout) -> pa.Array:
         batch = part.batch
         relation = part.relation
-        positions = {c.name: j for j, c in enumerate(relation.columns)}
+        # a column renamed since the Relation was sent fills its column of the new name
+        table = layout.table
+        positions = {table.current_name(c.name): j for j, c in enumerate(relation.columns)}
         ncols = len(relation.columns)
         image_type = layout.image_type
         codes = batch.column(1).indices.to_numpy(zero_copy_only=False)

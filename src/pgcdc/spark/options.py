@@ -23,6 +23,9 @@ carry an ``s``. Stream options (``spark.readStream.format("pgcdc")``):
                          function prints, whatever the type (``{"public.t": ["price"]}``): for
                          values no typed column holds (NaN in numeric(p,s), arrays of more
                          dimensions than declared, ``24:00:00`` with ``timeAsTime``)
+``renamedColumns``       a JSON object of table -> {former name: name} (``pgcdc run`` passes the
+                         column renames it followed): a Relation that still names a column by
+                         its former name (changes from before the rename) fills the column
 ``skipTables``           published tables whose changes the query leaves out, as the option
                          ``tables`` names them (``pgcdc run`` passes its parked tables): not in
                          the schema, their values read as text and dropped, their DDL ignored
@@ -77,6 +80,7 @@ __all__ = [
     "StreamSettings",
     "parse_qualified_names",
     "parse_size",
+    "renamed_columns",
     "snapshot_settings",
     "stream_settings",
     "text_columns",
@@ -420,6 +424,33 @@ def text_columns(options: Mapping[str, str]) -> dict[tuple[str, str], frozenset[
                 f"textColumns: the columns of {name!r} are not a list of column names", example
             )
         result[table] = result.get(table, frozenset()) | frozenset(columns)
+    return result
+
+
+def renamed_columns(options: Mapping[str, str]) -> dict[tuple[str, str], dict[str, str]]:
+    """The option ``renamedColumns`` (streams): a JSON object of table -> {former column
+    name: its name now}, in the order the renames happened."""
+    text = _get(options, "renamedColumns")
+    if not text:
+        return {}
+    example = 'write renamedColumns={"public.t": {"old_name": "new_name"}}'
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise OptionError("option renamedColumns is not a JSON object", example)
+    result: dict[tuple[str, str], dict[str, str]] = {}
+    for name, renames in parsed.items():
+        (table,) = parse_qualified_names("renamedColumns", name)
+        if not isinstance(renames, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in renames.items()
+        ):
+            raise OptionError(
+                f"renamedColumns: the renames of {name!r} are not an object of column names",
+                example,
+            )
+        result.setdefault(table, {}).update(renames)
     return result
 
 

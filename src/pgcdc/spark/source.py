@@ -8,6 +8,7 @@ pickles the data source after calling ``schema()``) to every worker that needs i
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
@@ -21,6 +22,7 @@ from pgcdc.spark.options import (
     _get,
     _names,
     parse_qualified_names,
+    renamed_columns,
     snapshot_settings,
     stream_settings,
     text_columns,
@@ -59,6 +61,17 @@ def load_source_catalog(options: Any) -> SourceCatalog:
         extra_filters=extra,
         text_columns=text_columns(options),
     )
+    renames = renamed_columns(options)
+    if renames:
+        catalog = dataclasses.replace(
+            catalog,
+            tables=tuple(
+                dataclasses.replace(t, renamed=tuple(renames[(t.schema, t.name)].items()))
+                if (t.schema, t.name) in renames
+                else t
+                for t in catalog.tables
+            ),
+        )
     skip_text = _get(options, "skipTables")
     return catalog.without(parse_qualified_names("skipTables", skip_text) if skip_text else ())
 

@@ -69,12 +69,14 @@ from pgcdc.lake.run.bootstrap import config_problems, server_identity, start_poi
 from pgcdc.lake.run.catalog import SourcePlan, plan_source
 from pgcdc.lake.run.initial_copy import InitialCopy
 from pgcdc.lake.run.monitor import Observer, RunObserver, SlotMonitor
-from pgcdc.lake.run.shape import recorded_shape, shape_problem
+from pgcdc.lake.run.shape import recorded_shape, renamed_columns, shape_problem
 from pgcdc.lake.run.stream_runner import StreamRunner
 from pgcdc.lake.run.table_set import TableChanges, TableSet, changes_of
 from pgcdc.lake.store.delta import (
     delta_settings,
+    is_delta_table,
     quiet_logs,
+    quote_name,
     s3_jars_missing,
     table_schema,
 )
@@ -95,7 +97,8 @@ from pgcdc.lake.store.state import (
     save_state,
 )
 from pgcdc.lake.store.storage import Lease
-from pgcdc.lake.store.tables import MIRROR_COLUMNS, LakeLayout
+from pgcdc.lake.store.tables import MIRROR_COLUMNS, LakeLayout, LakeTable
+from pgcdc.lake.store.tables import OLD as CHANGELOG_OLD
 from pgcdc.lake.write.batch import KILL_ENV, KILL_POINTS, PROGRESS, KillAt, Progress
 from pgcdc.lake.write.schema_evolution import evolve
 from pgcdc.metrics import PipelineMetrics
@@ -362,6 +365,7 @@ class Pipeline:
         with connect_sql(self.dsn) as conn:
             now = {t.table_id: source_catalog.table_shape(conn, t.schema, t.name) for t in mirrored}
         problems: dict[str, str] = {}
+        renames: dict[str, dict[str, str]] = {}
         for table in mirrored:
             before = state.shapes.get(table.table_id)
             if before is None and table.table_id in state.columns:  # a state from before shapes
@@ -370,6 +374,10 @@ class Pipeline:
             problem = None if before is None else shape_problem(table, before, now[table.table_id])
             if problem is not None:
                 problems[table.table_id] = problem
+            elif before is not None:
+                renamed = renamed_columns(table, before, now[table.table_id])
+                if renamed:
+                    renames[table.table_id] = renamed
         if unplanned is not None and not problems:
             raise PipelineError(
                 f"the source changed while the query ran, and the pipeline's tables no longer "
@@ -397,8 +405,18 @@ class Pipeline:
             for table_id, shape in now.items()
             if shape is not None and table_id not in problems
         }
+        for table in mirrored:
+            if table.table_id in renames:
+                self._rename_columns(table, renames[table.table_id])
         shapes = {
-            t.table_id: recorded_shape(t, found[t.table_id])
+            t.table_id: recorded_shape(
+                t,
+                found[t.table_id],
+                renamed=[
+                    *state.shapes.get(t.table_id, {}).get("renamed", []),
+                    *renames.get(t.table_id, {}).items(),
+                ],
+            )
             for t in mirrored
             if t.table_id in found
         }
@@ -407,6 +425,39 @@ class Pipeline:
             save_state(self.layout, state)
             self.state = state
         return found
+
+    def _rename_columns(self, table: LakeTable, renames: Mapping[str, str]) -> None:
+        """Follow columns renamed in the source in ``table``'s Delta tables: Delta's column
+        mapping renames a column in the table's metadata, rewriting no file (the changelog's
+        old image too). Each rename is skipped where it was made already (a run killed
+        between two tables' renames, before the state recorded them)."""
+        spark = self.spark()
+        for kind in table.kinds():
+            path = str(table.path(self.layout, kind))
+            if not is_delta_table(spark, path):
+                continue
+            schema = table_schema(spark, path)
+            fields = {f.name: f for f in schema.fields}
+            targets = [""]
+            old = fields.get(CHANGELOG_OLD)
+            if old is not None and hasattr(old.dataType, "fieldNames"):
+                targets.append(CHANGELOG_OLD)
+            for parent in targets:
+                names = set(fields) if not parent else set(fields[parent].dataType.fieldNames())
+                prefix = f"{quote_name(parent)}." if parent else ""
+                for former, name in renames.items():
+                    if former in names and name not in names:
+                        spark.sql(
+                            f"ALTER TABLE delta.{quote_name(path)} RENAME COLUMN "
+                            f"{prefix}{quote_name(former)} TO {quote_name(name)}"
+                        )
+            log.info(
+                "%s %s: column(s) renamed as in the source: %s",
+                table.table_id,
+                kind,
+                ", ".join(f"{a} -> {b}" for a, b in renames.items()),
+                extra={"table": table.table_id},
+            )
 
     def park_unreadable(self, table_id: str, message: str) -> None:
         """Park ``table_id``, whose value in the stream no lake column holds (``message``: the

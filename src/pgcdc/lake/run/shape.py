@@ -12,7 +12,9 @@ before any batch is written:
 * another key or mode (a new primary key, the replica identity moved to another index, the
   key dropped so rows are mirrored copy by copy): the lake's rows and the stream's old keys
   no longer match, so deletes and updates would miss them;
-* a column renamed (its attnum under another name): the lake would read NULL in it;
+* a key column renamed (its attnum under another name); another column renamed is followed
+  in place (``renamed_columns``): Delta's column mapping renames the lake's column without
+  rewriting a file, and the stream fills it from changes that still name it as before;
 * a column put in or taken out of ``[[tables]] text_columns``: the lake holds its values as
   text or typed, and cannot switch;
 * a column's type changed other than by widening its values unchanged (int2 -> int4 -> int8,
@@ -25,12 +27,13 @@ before any batch is written:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pgcdc.lake.store.tables import LakeTable
 from pgcdc.replication.source_catalog import TableShape
 
-__all__ = ["recorded_shape", "shape_problem"]
+__all__ = ["recorded_shape", "renamed_columns", "shape_problem"]
 
 _INT2, _INT4, _INT8, _FLOAT4, _FLOAT8 = 21, 23, 20, 700, 701
 _TEXT, _VARCHAR, _NUMERIC = 25, 1043, 1700
@@ -46,8 +49,12 @@ _WIDER = {
 }
 
 
-def recorded_shape(table: LakeTable, shape: TableShape) -> dict[str, Any]:
-    """The JSON the state keeps for ``table`` (see ``PipelineState.shapes``)."""
+def recorded_shape(
+    table: LakeTable, shape: TableShape, *, renamed: Sequence[Sequence[str]] = ()
+) -> dict[str, Any]:
+    """The JSON the state keeps for ``table`` (see ``PipelineState.shapes``). ``renamed``:
+    the (former name, name) pairs of the columns renamed so far, oldest first (the stream's
+    option ``renamedColumns``)."""
     return {
         "oid": shape.oid,
         "keys": list(table.keys),
@@ -57,6 +64,7 @@ def recorded_shape(table: LakeTable, shape: TableShape) -> dict[str, Any]:
         # the tables written while the query runs: a history or changelog turned off and on
         # again missed the changes in between (``bootstrap._late_kinds``)
         "kinds": list(table.kinds()),
+        **({"renamed": [list(pair) for pair in renamed]} if renamed else {}),
     }
 
 
@@ -79,6 +87,32 @@ def _widened(old: tuple[int, int], new: tuple[int, int]) -> bool:
     if old_type in _PRECISION:
         return new_mod >= old_mod
     return False
+
+
+def renamed_columns(
+    table: LakeTable, before: dict[str, Any], now: TableShape | None
+) -> dict[str, str]:
+    """The columns of ``table`` renamed from its recorded shape to the source's now, as
+    {former name: name}, that the lake follows in place: not key columns (the key index and
+    the stream's old keys name them), nor in or out of ``text_columns``."""
+    if now is None:
+        return {}
+    columns: dict[str, list[int]] = before.get("columns", {})
+    by_number = {facts[0]: column for column, facts in now.columns.items()}
+    was_text = set(before.get("text", ()))
+    renamed = {}
+    for column, facts in columns.items():
+        name = by_number.get(facts[0])
+        if (
+            column not in now.columns
+            and name is not None
+            and name not in columns
+            and column not in before.get("keys", ())
+            and name not in table.keys
+            and (column in was_text) == (name in table.text_columns)
+        ):
+            renamed[column] = name
+    return renamed
 
 
 def shape_problem(table: LakeTable, before: dict[str, Any], now: TableShape | None) -> str | None:
@@ -116,10 +150,13 @@ def shape_problem(table: LakeTable, before: dict[str, Any], now: TableShape | No
                 "changed), but the lake's rows hold it as before (restore text_columns to go on)"
             )
     by_number = {facts[0]: column for column, facts in now.columns.items()}
+    followed = renamed_columns(table, before, now)
     for column, facts in columns.items():
         attnum = facts[0]
         current = now.columns.get(column)
-        if current is None:
+        if column in followed:
+            current = now.columns[followed[column]]
+        elif current is None:
             renamed = by_number.get(attnum)
             if renamed is not None:
                 return f"column {column!r} of {name} was renamed to {renamed!r}"

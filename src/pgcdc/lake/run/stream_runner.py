@@ -27,7 +27,7 @@ from pgcdc.lake.run.failures import FailureRecord
 from pgcdc.lake.run.monitor import BatchEvents, SlotMonitor
 from pgcdc.lake.run.table_set import TableDiscovery
 from pgcdc.lake.store.state import PipelineState, remove_torn_writes
-from pgcdc.lake.store.tables import LakeTable, text_columns_option
+from pgcdc.lake.store.tables import LakeTable, renamed_columns_option, text_columns_option
 from pgcdc.lake.write.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
 from pgcdc.lake.write.maintenance import worker_for
 from pgcdc.lsn import Lsn
@@ -172,6 +172,16 @@ class StreamRunner:
                 options["textColumns"] = texts
             else:
                 options.pop("textColumns", None)
+            # changes from before a column rename the lake followed still name it as before
+            renamed = renamed_columns_option(
+                (t, state.shapes.get(t.table_id, {}).get("renamed", []))
+                for t in current.tables
+                if t.table_id in mirrored
+            )
+            if renamed:
+                options["renamedColumns"] = renamed
+            else:
+                options.pop("renamedColumns", None)
             # a parked table stays published (its slot position is the others'), but the
             # source drops its changes unread: none of its values or DDL can fail the stream
             skipped = [[t.schema, t.name] for t in current.tables if t.table_id in writer.parked]

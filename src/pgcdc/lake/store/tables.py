@@ -232,15 +232,25 @@ class LakeTable:
         return tuple(kinds)
 
 
-def text_columns_option(tables: Iterable[LakeTable]) -> dict[str, list[str]]:
-    """The Spark source's ``textColumns`` option for ``tables``: quoted ``schema.table`` names
-    (dots and quotes in names kept) -> the columns read as text."""
+def _quoted_name(table: LakeTable) -> str:
+    """``"schema"."table"`` as the Spark source's options name tables (dots and quotes in
+    names kept)."""
 
     def quoted(part: str) -> str:
         return '"' + part.replace('"', '""') + '"'
 
-    return {
-        f"{quoted(t.schema)}.{quoted(t.name)}": list(t.text_columns)
-        for t in tables
-        if t.text_columns
-    }
+    return f"{quoted(table.schema)}.{quoted(table.name)}"
+
+
+def text_columns_option(tables: Iterable[LakeTable]) -> dict[str, list[str]]:
+    """The Spark source's ``textColumns`` option for ``tables``: quoted ``schema.table`` names
+    -> the columns read as text."""
+    return {_quoted_name(t): list(t.text_columns) for t in tables if t.text_columns}
+
+
+def renamed_columns_option(
+    tables: Iterable[tuple[LakeTable, Sequence[Sequence[str]]]],
+) -> dict[str, dict[str, str]]:
+    """The Spark source's ``renamedColumns`` option for ``tables`` with their renames
+    ((former name, name) pairs, oldest first): quoted ``schema.table`` names -> renames."""
+    return {_quoted_name(t): {a: b for a, b in pairs} for t, pairs in tables if pairs}
