@@ -254,3 +254,62 @@ def test_a_lake_in_use_refuses_a_second_run_and_drop(
     assert state is not None and state.generation == 1 and state.snapshot_done
     assert main(["drop", "--config", str(path), "--yes"]) == 0  # the lake is free again
     assert slots(pg) == []
+
+
+@pytest.mark.slow
+@newest_server
+def test_drop_table_deletes_a_removed_tables_lake_data_only(
+    pg: PgDatabase, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pgcdc drop --table``: a table that left the pipeline loses its Delta tables, key
+    indexes and phase; a mirrored or unknown table is refused; the slot, the publication and
+    the other tables stay; added back later, the table is copied anew."""
+    from pgcdc.lake.config import load_config
+    from pgcdc.lake.run.pipeline import Pipeline
+    from tests.lake.test_pipeline import assert_equal
+
+    pg.execute(
+        "CREATE TABLE keep (id int PRIMARY KEY, v int); CREATE TABLE gone (id int PRIMARY KEY);"
+        "INSERT INTO keep SELECT g, g FROM generate_series(1, 10) g;"
+        "INSERT INTO gone SELECT g FROM generate_series(1, 10) g"
+    )
+    lake = tmp_path / "lake"
+    path = tmp_path / "pipeline.toml"
+
+    def configure(*tables: str) -> Any:
+        entries = "".join(f"[[tables]]\nname = '{t}'\nhistory = true\n" for t in tables)
+        path.write_text(
+            f"[source]\ndsn = '{pg.dsn()}'\nslot = 'lake_slot'\npublication = 'lake_pub'\n"
+            f"[lake]\npath = '{lake}'\n{entries}"
+        )
+        return load_config(path)
+
+    Pipeline(configure("keep", "gone"), spark=spark).run(until_caught_up=True)
+    drop = ["drop", "--config", str(path), "--yes", "--table"]
+    assert main([*drop, "public.gone"]) == 2  # still mirrored
+    pg.execute("UPDATE gone SET id = -id WHERE id = 1; UPDATE keep SET v = 0 WHERE id = 1")
+    removed = Pipeline(configure("keep"), spark=spark)
+    assert removed.run(until_caught_up=True).removed == ("public.gone",)
+    held = sorted(p.name for p in (lake / "_pgcdc" / "index" / "public").iterdir())
+    assert held == ["gone", "gone.history", "keep", "keep.history"], held
+    keep_files = lake_files(lake / "public")
+    assert main([*drop, "public.nope"]) == 2
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(["drop", "--config", str(path), "--table", "public.gone"]) == 2  # cannot ask
+    assert (lake / "public" / "gone").is_dir()
+
+    assert main([*drop, "public.gone"]) == 0
+    assert sorted(p.name for p in (lake / "public").iterdir()) == ["keep", "keep.history"]
+    held = sorted(p.name for p in (lake / "_pgcdc" / "index" / "public").iterdir())
+    assert held == ["keep", "keep.history"], held
+    assert {k: v for k, v in keep_files.items() if k.startswith("keep")} == lake_files(
+        lake / "public"
+    )
+    state = load_state(LakeLayout(lake))
+    assert state is not None and "public.gone" not in state.phases
+    assert slots(pg) == ["lake_slot"] and publications(pg) == ["lake_pub"]
+    assert main([*drop, "public.gone"]) == 2  # the lake holds it no more
+
+    back = Pipeline(configure("keep", "gone"), spark=spark)
+    assert back.run(until_caught_up=True).added_rows == {"public.gone": 10}
+    assert_equal(back)

@@ -14,6 +14,13 @@ the question, and without ``--yes`` it refuses when stdin is not a terminal. A s
 ``pgcdc run`` is streaming from it) is an error unless ``--force``, which terminates that
 walsender first.
 
+``--table schema.table`` (repeatable) drops one table's lake data instead, and nothing on the
+source: the Delta tables (mirror, history, changelog) and key indexes of a table that left the
+pipeline (``pgcdc status`` lists it as removed; a table still mirrored or parked is refused:
+take it out of ``[[tables]]`` and run once first), its phase in the state, and with
+``--catalog`` the names pgcdc registered for it. It needs the lake to itself: a running ``pgcdc
+run`` must be stopped first.
+
 Afterwards the lake's state records the drop (``dropped_at``): a later ``pgcdc run`` on that
 lake fails with a message saying the slot is gone and to move the lake away to start over, so
 it never copies everything again into a lake that holds the old tables.
@@ -72,6 +79,14 @@ def register(sub: Any) -> tuple[str, Callable[[argparse.Namespace], int]]:
         help="also remove from the catalog the lake tables pgcdc registered there ([catalog]); "
         "their files are kept",
     )
+    p.add_argument(
+        "--table",
+        action="append",
+        default=[],
+        metavar="TABLE",
+        help="drop only this removed table's lake data (schema.table, as status names it; "
+        "repeatable): its Delta tables and key indexes; the slot and publication stay",
+    )
     return NAME, run
 
 
@@ -92,6 +107,21 @@ def run(args: argparse.Namespace) -> int:
         _say(console, str(exc), "red")
         return 2
     layout = LakeLayout(config.lake.location())
+    if args.table:
+        if args.force or args.keep_publication:
+            _say(
+                console,
+                "pgcdc drop: --table drops no slot: --force and --keep-publication "
+                "do not apply (nothing was dropped)",
+                "red",
+            )
+            return 2
+        try:
+            with run_lock(layout, what="pgcdc drop --table"):
+                return _drop_tables(args, config, layout, console)
+        except StateError as exc:  # a run holds the lake
+            _say(console, f"pgcdc drop: {exc}; stop it first (nothing was dropped)", "red")
+            return 1
     if not layout.state_dir.is_dir():  # no run ever held this lake: nothing to lock
         return _drop(args, config, layout, console)
     with contextlib.ExitStack() as stack:
@@ -256,7 +286,95 @@ def _drop(args: argparse.Namespace, config: Any, layout: Any, console: Console) 
     return 0
 
 
-def _unregister(config: Any, layout: Any) -> list[str]:
+def _drop_tables(args: argparse.Namespace, config: Any, layout: Any, console: Console) -> int:
+    """``--table``: the removed tables' lake data, after confirmation (see the module doc)."""
+    from pgcdc.lake.store.metastore import CatalogError, Registrar
+    from pgcdc.lake.store.state import StateError, load_state, save_state
+    from pgcdc.lake.store.storage import StorageError
+
+    try:
+        state = load_state(layout)
+    except StateError as exc:
+        _say(console, f"pgcdc drop: {exc}", "red")
+        return 1
+    if state is None:
+        _say(console, f"pgcdc drop: the lake {layout.root} holds no pipeline", "red")
+        return 2
+    folders: dict[str, list[Any]] = {}
+    for table_id in dict.fromkeys(args.table):
+        phase = state.phases.get(table_id)
+        if table_id in state.tables or (phase is not None and phase.phase != "removed"):
+            how = "parked" if phase is not None and phase.phase == "parked" else "mirrored"
+            _say(
+                console,
+                f"pgcdc drop: {table_id} is still {how}: take it out of [[tables]] (or out of "
+                "its pattern's reach), run pgcdc run once, then drop it (nothing was dropped)",
+                "red",
+            )
+            return 2
+        if phase is None:
+            _say(
+                console,
+                f"pgcdc drop: the lake holds no table {table_id} (pgcdc status lists the "
+                "removed ones; nothing was dropped)",
+                "red",
+            )
+            return 2
+        paths = [layout.table_path(phase.schema, phase.name, k) for k in KINDS]
+        folders[table_id] = [
+            p for p in (*paths, *(layout.state_dir / "index" / p.key for p in paths)) if p.is_dir()
+        ]
+    registered = [r for r in Registrar(layout, []).recorded() if r.table_id in folders]
+    _say(console, "pgcdc drop will delete:")
+    for table_id, paths in folders.items():
+        for path in paths:
+            _say(console, f"  {path} ({table_id})", "bold")
+    if registered and args.catalog:
+        names = ", ".join(str(r.name) for r in registered)
+        _say(console, f"  from the catalog: {names} (registered by pgcdc)", "bold")
+    _say(console, "and keep:")
+    if registered and not args.catalog:
+        names = ", ".join(str(r.name) for r in registered)
+        _say(console, f"  in the catalog: {names} (--catalog removes them)")
+    _say(console, f"  the slot {state.slot}, the publication and every other table")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            _say(
+                console,
+                "pgcdc drop: stdin is not a terminal, so it cannot ask for confirmation: pass "
+                "--yes to drop without asking (nothing was dropped)",
+                "red",
+            )
+            return 2
+        wanted = " ".join(folders)
+        console.print(f"type {wanted} to confirm: ", end="")
+        if sys.stdin.readline().strip() != wanted:
+            _say(console, "pgcdc drop: not confirmed, nothing was dropped", "red")
+            return 1
+    try:
+        if registered and args.catalog:
+            for line in _unregister(config, layout, tables=list(folders)):
+                _say(console, line)
+        for table_id, paths in folders.items():
+            for path in paths:  # a drop stopped half-way: the state still names the table
+                path.remove_tree()
+            log.info("dropped the lake data of %s", table_id, extra={"table": table_id})
+            _say(console, f"dropped the lake data of {table_id}")
+    except (StorageError, CatalogError) as exc:
+        _say(console, f"pgcdc drop: {exc}", "red")
+        return 1
+    state = load_state(layout) or state
+    save_state(
+        layout, state.evolve(phases={t: p for t, p in state.phases.items() if t not in folders})
+    )
+    return 0
+
+
+#: a table's Delta tables, each with its folder (``LakeLayout.table_path``)
+KINDS = ("mirror", "history", "changelog")
+
+
+def _unregister(config: Any, layout: Any, *, tables: list[str] | None = None) -> list[str]:
     """Remove what pgcdc registered from the catalog, in a Spark session with the pipeline's
     catalog settings (those of ``[catalog]`` with its defaults when the file has none now)."""
     from pgcdc.lake.config import CatalogSettings
@@ -270,7 +388,7 @@ def _unregister(config: Any, layout: Any) -> list[str]:
         master=config.spark.master, app_name=config.spark.app_name, conf=session_conf(config)
     )
     try:
-        return Registrar(layout, []).unregister(spark)
+        return Registrar(layout, []).unregister(spark, tables=tables)
     finally:
         spark.stop()
 

@@ -402,15 +402,18 @@ class Registrar:
             )
         return CatalogError(f"cannot {what}: {_first_line(exc)}")
 
-    def unregister(self, spark: Any) -> list[str]:
+    def unregister(self, spark: Any, *, tables: Sequence[str] | None = None) -> list[str]:
         """Remove from the catalog the tables pgcdc registered (those still at their lake
         table's location) and the databases it created (those left empty); what was done, a
-        line each. The tables' files stay."""
+        line each. The tables' files stay. ``tables``: only the registrations of these source
+        tables (schema.table), and no database."""
         self._derby_log(spark)
         done: list[str] = []
         record = self._record()
         try:
             for reg in self.recorded():
+                if tables is not None and reg.table_id not in tables:
+                    continue
                 where = self.location(spark, reg.name)
                 if where is None:
                     done.append(f"{reg.name}: not in the catalog (nothing to remove)")
@@ -420,7 +423,7 @@ class Registrar:
                     spark.sql(f"DROP TABLE IF EXISTS {reg.name.sql}")
                     done.append(f"{reg.name}: removed from the catalog")
                     log.info("removed %s from the catalog", reg.name)
-            for database in record["databases"]:
+            for database in record["databases"] if tables is None else ():
                 if database.lower() not in {
                     str(r[0]).lower() for r in _rows(spark, "SHOW DATABASES")
                 }:
@@ -432,5 +435,9 @@ class Registrar:
                 done.append(f"database {database}: removed from the catalog")
         except Exception as exc:
             raise self._failure(exc, "remove the lake's tables from the catalog") from exc
-        self._save({"databases": [], "tables": []})
+        if tables is None:
+            self._save({"databases": [], "tables": []})
+        else:
+            kept = [t for t in record["tables"] if t["source"] not in tables]
+            self._save({"databases": record["databases"], "tables": kept})
         return done
