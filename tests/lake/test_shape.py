@@ -175,16 +175,28 @@ def test_a_key_in_another_column_order_is_the_same_key() -> None:
 
 def test_a_state_from_before_shapes_still_catches_a_rename() -> None:
     """A lake written before shapes were recorded has column numbers only: a column renamed
-    while the older pgcdc was stopped is still caught (its number under another name), and
-    nothing else is judged."""
-    from pgcdc.lake.run.shape import shape_problem
+    while the older pgcdc was stopped is still found (its number under another name) and
+    followed, a key column's refused, and nothing else is judged."""
+    from pgcdc.lake.run.shape import renamed_columns, shape_problem
     from pgcdc.lake.store.tables import LakeTable
     from pgcdc.replication.source_catalog import TableShape
 
     table = LakeTable("public", "t", ("id",), "d")
     before = {"columns": {"id": [1], "a": [2]}}
     renamed = TableShape(7, {"id": (1, 23, -1), "b": (2, 25, -1)})
-    assert shape_problem(table, before, renamed) == "column 'a' of public.t was renamed to 'b'"
+    assert shape_problem(table, before, renamed) is None
+    assert renamed_columns(table, before, renamed) == {"a": "b"}
+    swapped = TableShape(7, {"id": (1, 23, -1), "a": (3, 25, -1), "b": (2, 25, -1)})
+    assert (
+        shape_problem(table, before, swapped)
+        == "column 'a' of public.t was dropped and added again"
+    )
+    assert renamed_columns(table, before, swapped) == {}
+    rekeyed = LakeTable("public", "t", ("ident",), "d")
+    moved = TableShape(7, {"ident": (1, 23, -1), "a": (2, 25, -1)})
+    before_keys = {"columns": {"id": [1], "a": [2]}, "keys": ["id"]}
+    assert renamed_columns(rekeyed, before_keys, moved) == {}
+    assert "the key of public.t changed" in (shape_problem(rekeyed, before_keys, moved) or "")
     retyped = TableShape(7, {"id": (1, 20, -1), "a": (2, 25, -1)})
     assert shape_problem(table, before, retyped) is None
 
