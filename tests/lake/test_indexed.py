@@ -24,6 +24,7 @@ import pytest
 from pgcdc.lake.store.delta import USER_METADATA, user_metadata
 from pgcdc.lake.store.tables import LakeLayout, LakeTable
 from pgcdc.lake.store.target import DeltaTarget
+from pgcdc.lake.write import indexed as indexed_module
 from pgcdc.lake.write.batch import LakeBatchWriter
 from pgcdc.lake.write.keyindex import forget_indexes, index_folder
 from pgcdc.lake.write.maintenance import COMPACT_METADATA
@@ -108,8 +109,11 @@ def source_schema(keys: list[KeyType]) -> Any:
 class Stream:
     """A seeded random change stream over one table, with a model of its rows."""
 
-    def __init__(self, key: KeyType, seed: int, slot: int = 0, width: int = 1) -> None:
+    def __init__(
+        self, key: KeyType, seed: int, slot: int = 0, width: int = 1, *, toast: bool = True
+    ) -> None:
         self.key = key
+        self.toast = toast  # updates leave ``big`` out (unchanged TOAST) at times
         self.slot = slot  # which of the batch's ``width`` table columns is this table's
         self.width = width
         self.random = random.Random(seed)
@@ -168,7 +172,7 @@ class Stream:
                     v = r.randint(0, 10**9)
                     keep = r.random() < 0.5
                     big = self.rows[n][1] if keep else f"NEW{n}-{self.lsn}"
-                    image = self._image(n, v, None if keep else big)
+                    image = self._image(n, v, None if keep and self.toast else big)
                     out.append(self._row("U", pos, image))
                     self.rows[n] = (v, big)
                 elif choice < 0.75:  # key change, big unchanged
@@ -178,7 +182,8 @@ class Stream:
                     v = r.randint(0, 10**9)
                     big = self.rows.pop(n)[1]
                     old = self._image(n, None, None)
-                    out.append(self._row("U", pos, self._image(m, v, None), old))
+                    new = self._image(m, v, None if self.toast else big)
+                    out.append(self._row("U", pos, new, old))
                     self.rows[m] = (v, big)
                 elif choice < 0.9:  # delete
                     n = r.choice(live)
@@ -289,6 +294,47 @@ def test_indexed_mirrors_equal_merged_mirrors(spark: Any, tmp_path: Path) -> Non
     for table in tables:  # each indexed mirror kept its index in the lake
         folder = index_folder(LakeLayout(indexed), table, "mirror")
         assert any(n.startswith("base-") for n in folder.names()), table.table_id
+
+
+@pytest.mark.slow
+def test_indexed_histories_without_toast_equal_merged_histories(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches without unchanged TOAST values: every history's versions come from the shared
+    plan (one shuffle for all tables), not a plan of its own; a TRUNCATE batch between (the
+    MERGE) and a lost index (rebuilt) on the way."""
+    keys = [KEY_TYPES[0], KEY_TYPES[2], KEY_TYPES[5]]  # int, text, composite
+    tables = [lake_table(k, history=True) for k in keys]
+    streams = [
+        Stream(k, seed=i + 11, slot=i, width=len(keys), toast=False) for i, k in enumerate(keys)
+    ]
+    indexed, merged = tmp_path / "indexed", tmp_path / "merged"
+    schema = source_schema(keys)
+    plan: list[tuple[int, set[int], bool]] = [(10, set(), False), (8, {1}, True), (8, set(), False)]
+    shared: list[int] = []
+    parts = indexed_module._history_parts
+
+    def counted(keyed: Any, histories: Any) -> Any:
+        shared.append(len(histories))
+        return parts(keyed, histories)
+
+    monkeypatch.setattr(indexed_module, "_history_parts", counted)
+    for batch_id, (transactions, truncating, forget) in enumerate(plan):
+        rows = [
+            row
+            for i, stream in enumerate(streams)
+            for row in stream.batch(transactions, i in truncating)
+        ]
+        df = spark.createDataFrame(rows, schema)
+        make_writer(indexed, tables, indexed=True)(df, batch_id)
+        make_writer(merged, tables, indexed=False)(df, batch_id)
+        for table, stream in zip(tables, streams, strict=True):
+            what = f"batch {batch_id} {table.table_id}"
+            assert lake_rows(indexed, table) == stream.expected(), what
+            assert history_rows(indexed, table) == history_rows(merged, table), what
+        if forget:
+            forget_indexes()
+    assert shared == [3, 2, 3], shared  # the truncated table's history took the MERGE
 
 
 def test_a_replayed_batch_is_skipped_and_a_new_process_reads_the_index(

@@ -423,12 +423,14 @@ class LakeBatchWriter:
         inserts_only = inserted_only(info)
         stored = None
         resolved = None
-        # the events, resolved, are read by the history, the MERGE and a mirror with unchanged
-        # TOAST values; the shared plan of the indexed write reads the batch itself
-        mirror_alone = "mirror" in wanted and (
-            not self._direct(table, info, "mirror") or bool(info.unchanged_columns)
+        # the events, resolved, are read by the MERGEs and by a mirror or history with
+        # unchanged TOAST values; the shared plan of the indexed write reads the batch itself
+        mirror_alone, history_alone = (
+            kind in wanted
+            and (not self._direct(table, info, kind) or bool(info.unchanged_columns))
+            for kind in ("mirror", "history")
         )
-        if mirror_alone or "history" in wanted:
+        if mirror_alone or history_alone:
             before = self._mirror_before(spark, paths["mirror"], batch_id, wanted)
             # read only where the mirror's stored rows are needed (a table without a key's
             # copies, unchanged TOAST values, the history's MERGE): each reader of a pinned
@@ -453,7 +455,7 @@ class LakeBatchWriter:
                 table.row_keys,
                 rekeyed=info.old_with_unchanged > 0,
             )
-            if "mirror" in wanted and "history" in wanted:
+            if mirror_alone and history_alone:
                 resolved = resolved.persist(cache_level())
         return TableBatch(
             table=table,

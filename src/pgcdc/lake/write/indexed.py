@@ -802,8 +802,8 @@ def _target(table: TableLog, snapshot: Any, batch: TableBatch, kind: TableKind) 
 
 
 def wanted_schema(df: Any, column: str, kind: TableKind) -> Any:
-    """The schema (Spark) a mirror's or a changelog's rows of the batch have, from the batch's
-    schema alone (no plan analysed)."""
+    """The schema (Spark) a Delta table's rows of the batch have, from the batch's schema
+    alone (no plan analysed)."""
     return lake_type(snapshot_struct(df.schema, column, kind))
 
 
@@ -813,6 +813,11 @@ _HI = "__pgcdc_h_hi"
 _LO = "__pgcdc_h_lo"
 _SEQ = "__pgcdc_seq"
 _REDUCED = "__pgcdc_r"
+_EVOP = "__pgcdc_h_op"  # the event's operation (I, U, D)
+_TIME = "__pgcdc_h_at"  # its commit time
+_LSN = "__pgcdc_lsn"
+_FIRST = "__pgcdc_first_op"
+_ENDS = "__pgcdc_ends"
 
 
 @dataclass(frozen=True, slots=True)
@@ -832,8 +837,9 @@ def shared_rows(df: Any, outputs: Sequence[SharedOutput]) -> Any:
     tables: per source row its events (a key change split in two, a changelog row), each with
     its output and key hash (``event_array``, ``key_hashes``); the mirrors' events reduced per
     key to the last by ``(commit LSN, position, sub)`` (``mirror.mirror_rows``'s rule, for
-    tables without unchanged TOAST values in the batch), the changelogs' rows as they are.
-    Rows: ``OUTPUT_COLUMN`` and each output's ``packed_column``."""
+    tables without unchanged TOAST values in the batch), the histories' events made versions
+    per key (``_history_parts``), the changelogs' rows as they are. Rows: ``OUTPUT_COLUMN``
+    and each output's ``packed_column``."""
     from pyspark.sql import functions as F
 
     key = ("shared", tuple(outputs), df.schema.json())
@@ -842,10 +848,17 @@ def shared_rows(df: Any, outputs: Sequence[SharedOutput]) -> Any:
     )
     rows = df.where(where).select(*columns, F.explode(header).alias(_HEADER)).select(*packed)
     parts = []
+    histories = [o for o in outputs if o.kind == "history"]
+    keyed = rows
+    if histories:
+        # one shuffle by key for the mirrors' reduction and the histories' versions alike
+        # (an aggregate or window on more columns than these needs no other)
+        keyed = rows.repartition(F.col(OUTPUT_COLUMN), F.col(_HI), F.col(_LO))
+        parts.extend(_history_parts(keyed, histories))
     if mirrors:
         names = [packed_column(k) for k in mirrors]
         reduced = (
-            rows.where(F.col(OUTPUT_COLUMN).isin(mirrors))
+            keyed.where(F.col(OUTPUT_COLUMN).isin(mirrors))
             .groupBy(OUTPUT_COLUMN, _HI, _LO)
             .agg(F.max_by(F.struct(*[F.col(n) for n in names]), _SEQ).alias(_REDUCED))
         )
@@ -867,6 +880,101 @@ def shared_rows(df: Any, outputs: Sequence[SharedOutput]) -> Any:
     return union
 
 
+def _history_parts(keyed: Any, histories: Sequence[SharedOutput]) -> list[Any]:
+    """The histories' rows of the batch from their events (``keyed``: partitioned by output
+    and key hash), by ``history.history_rows``' rules for a batch without TRUNCATE or
+    unchanged TOAST values: a key's events collapsed per transaction to its final state (the
+    first operation telling an insert), each state not a delete a version that the key's next
+    transaction in the batch ends (``WRITE_ONLY``), or the current one (``WRITE``); per key a
+    ``CLOSE`` request ending its version current before the batch at its first transaction."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    numbers = [o.output for o in histories]
+    lsn = F.col(_SEQ).getField("_commit_lsn")
+    collapsed = (
+        keyed.where(F.col(OUTPUT_COLUMN).isin(numbers))
+        .groupBy(F.col(OUTPUT_COLUMN), F.col(_HI), F.col(_LO), lsn.alias(_LSN))
+        .agg(
+            F.max_by(
+                F.struct(
+                    F.col(_EVOP).alias("op"),
+                    F.col(_TIME).alias("at"),
+                    *[F.col(packed_column(k)) for k in numbers],
+                ),
+                _SEQ,
+            ).alias(_REDUCED),
+            F.min_by(F.col(_EVOP), _SEQ).alias(_FIRST),
+        )
+    )
+    r = F.col(_REDUCED)
+    # how the transaction ends the version before it: 'D' if it deleted the key, first
+    # (deleted and wrote it again) or last (no version follows)
+    ends = F.when((F.col(_FIRST) == "D") | (r.getField("op") == "D"), "D").otherwise("U")
+    by_key = Window.partitionBy(OUTPUT_COLUMN, _HI, _LO).orderBy(_LSN)
+    stepped = collapsed.select("*", ends.alias(_ENDS)).select(
+        F.col(OUTPUT_COLUMN),
+        F.col(_HI),
+        F.col(_LO),
+        F.col(_LSN),
+        r,
+        F.col(_FIRST),
+        F.col(_ENDS),
+        F.lead(_LSN).over(by_key).alias("next_lsn"),
+        F.lead(r.getField("at")).over(by_key).alias("next_time"),
+        F.lead(_ENDS).over(by_key).alias("next_ends"),
+        F.row_number().over(by_key).alias("n"),
+    )
+    out = F.col(OUTPUT_COLUMN)
+    next_lsn = F.col("next_lsn")
+    current = next_lsn.isNull()
+    hashes = [F.col(_HI).alias(HASH_HI), F.col(_LO).alias(HASH_LO)]
+
+    def version(o: SharedOutput) -> Any:
+        values = r.getField(packed_column(o.output))
+        return F.when(
+            out == F.lit(o.output),
+            F.struct(
+                *[values.getField(c).alias(c) for c in o.names],
+                F.col(_LSN).alias(START_LSN),
+                r.getField("at").alias(START_AT),
+                next_lsn.alias(END_LSN),
+                F.col("next_time").alias(END_AT),
+                current.alias(IS_CURRENT),
+                F.when(F.col(_FIRST) == "I", "I").otherwise("U").alias(START_OP),
+                F.when(current, F.lit(None).cast("string"))
+                .otherwise(F.col("next_ends"))
+                .alias(END_OP),
+                F.when(current, F.lit(WRITE)).otherwise(F.lit(WRITE_ONLY)).alias(OP),
+                *hashes,
+            ),
+        ).alias(packed_column(o.output))
+
+    def close(o: SharedOutput) -> Any:
+        values = r.getField(packed_column(o.output))
+        return F.when(
+            out == F.lit(o.output),
+            F.struct(
+                *[F.when(F.lit(False), values.getField(c)).alias(c) for c in o.names],
+                F.lit(None).cast("long").alias(START_LSN),
+                F.lit(None).cast("timestamp").alias(START_AT),
+                F.col(_LSN).alias(END_LSN),
+                r.getField("at").alias(END_AT),
+                F.lit(False).alias(IS_CURRENT),
+                F.lit(None).cast("string").alias(START_OP),
+                F.col(_ENDS).alias(END_OP),
+                F.lit(CLOSE).alias(OP),
+                *hashes,
+            ),
+        ).alias(packed_column(o.output))
+
+    versions = stepped.where(r.getField("op") != F.lit("D")).select(
+        out, *[version(o) for o in histories]
+    )
+    closes = stepped.where(F.col("n") == 1).select(out, *[close(o) for o in histories])
+    return [versions, closes]
+
+
 def _packed_value(df: Any, o: SharedOutput, h: Any) -> Any:
     """Output ``o``'s row of an event (NULL for another output's event)."""
     from pyspark.sql import functions as F
@@ -877,10 +985,13 @@ def _packed_value(df: Any, o: SharedOutput, h: Any) -> Any:
     image_type, _ = image_columns(df, o.column)
     new = lake_image(F.col(quote_column(o.column)).getField("new"), image_type)
     deleted = h.getField("op") == F.lit("D")
+    values = [F.when(~deleted, new.getField(c)).alias(c) for c in o.names]
+    if o.kind == "history":  # made versions per key in ``_history_parts``
+        return F.when(mine, F.struct(*values))
     return F.when(
         mine,
         F.struct(
-            *[F.when(~deleted, new.getField(c)).alias(c) for c in o.names],
+            *values,
             F.col("_commit_lsn").alias(COMMIT_LSN),
             F.col("_commit_time").alias(COMMIT_TIME),
             F.when(deleted, F.lit("D")).otherwise(F.lit("U")).alias(OP),
@@ -924,7 +1035,7 @@ def _shared_expressions(
     for table_id, mine in by_table.items():
         parts = []
         for o in mine:
-            if o.kind == "mirror":
+            if o.kind in ("mirror", "history"):
                 image_type, _ = image_columns(df, o.column)
                 key_types = {f.name: f.dataType for f in lake_type(image_type).fields}
                 events = event_array(df, o.table, o.column)
@@ -972,6 +1083,8 @@ def _shared_expressions(
         h.getField("hi").alias(_HI),
         h.getField("lo").alias(_LO),
         F.struct(F.col("_commit_lsn"), F.col("_position"), h.getField("sub")).alias(_SEQ),
+        h.getField("op").alias(_EVOP),
+        F.col("_commit_time").alias(_TIME),
         *[_packed_value(df, o, h).alias(packed_column(o.output)) for o in outputs],
     ]
     mirrors = [o.output for o in outputs if o.kind == "mirror"]
@@ -1154,16 +1267,20 @@ def direct_write(
         snapshot = log_.snapshot()
         # the schema as the table's latest snapshot has it (None: no table yet, evolve creates it)
         current = T.StructType.fromJson(log_.schema(snapshot)) if snapshot.version() >= 0 else None
-        # the shared plan serves every changelog and the mirrors without unchanged TOAST values
-        # in the batch; a mirror with some has a plan of its own (they are resolved per key)
-        own = kind == "mirror" and bool(batch.overview.unchanged_columns)
-        rows = indexed_rows(batch) if own else None
+        # the shared plan serves every changelog and the mirrors and histories without
+        # unchanged TOAST values in the batch; one with some has a plan of its own (they are
+        # resolved per key, and filled from the mirror as stored)
+        own = kind != "changelog" and bool(batch.overview.unchanged_columns)
+        rows = None
+        if own:
+            rows = indexed_rows(batch) if kind == "mirror" else history_indexed_rows(batch)
         if kind == "history":
-            rows = history_indexed_rows(batch)
             changed = evolve(
                 spark,
                 path,
-                history_schema(rows, batch.columns),
+                history_schema(rows, batch.columns)
+                if rows is not None
+                else wanted_schema(batch.changes, batch.column, kind),
                 drop_missing=False,
                 what=f"{table.table_id} history",
                 stats_columns=table.stats_columns("history"),
