@@ -263,11 +263,9 @@ def test_indexed_mirrors_equal_merged_mirrors(spark: Any, tmp_path: Path) -> Non
     schema = source_schema(KEY_TYPES)
     plan: list[tuple[int, set[int], str | None]] = [
         (10, set(), "compact"),
-        (8, set(), "forget"),
-        (6, {0, 3}, None),  # TRUNCATEs: the MERGE for those tables, then the index rebuilt
+        (6, {0, 3}, "forget"),  # TRUNCATEs: the MERGE for those tables, then the index rebuilt
         (8, set(), "purge"),
-        (6, set(), "forget"),
-        (8, set(), None),
+        (6, set(), None),
     ]
     for batch_id, (transactions, truncating, between) in enumerate(plan):
         rows = [
