@@ -426,8 +426,7 @@ class LakeBatchWriter:
         # the events, resolved, are read by the MERGEs and by a mirror or history with
         # unchanged TOAST values; the shared plan of the indexed write reads the batch itself
         mirror_alone, history_alone = (
-            kind in wanted
-            and (not self._direct(table, info, kind) or bool(info.unchanged_columns))
+            kind in wanted and (not self._direct(table, info, kind) or bool(info.unchanged_columns))
             for kind in ("mirror", "history")
         )
         if mirror_alone or history_alone:
