@@ -26,8 +26,8 @@ settings), and Delta skips a write whose version is not above the one recorded f
 so a replayed micro-batch is never applied twice. Each commit's ``userMetadata`` is
 ``{"pgcdc": {...}}`` (batch id, LSN range; never row values).
 
-``commit_files`` adds Parquet files that pgcdc's own tasks wrote (the initial copy) to a table in
-one commit through the connector's commit API, with the statistics those tasks computed.
+Commits of files pgcdc's own tasks wrote (the initial copy, the indexed write) go through the
+connector's commit API, in ``pgcdc.lake.store.deltalog``.
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ import contextlib
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -47,10 +45,8 @@ __all__ = [
     "CHECKPOINT_EVERY",
     "DELTA_PACKAGE",
     "DELTA_VERSION",
-    "AddedFile",
     "append_rows",
     "cache_level",
-    "commit_files",
     "conflicts",
     "conform",
     "connector_jars",
@@ -100,9 +96,15 @@ DEFAULTS = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     # vacuum's retention is [lake] vacuum_retention_hours, which may be under Delta's 168 h
     "spark.databricks.delta.retentionDurationCheck.enabled": "false",
-    # a commit's checksum file (.crc, optional for every reader) costs Spark jobs rebuilding the
-    # log's state after each commit
+    # a commit's checksum file (.crc, optional for every reader) is one more file written per
+    # commit (on a local lake, through Hadoop's local file system, which forks a shell command
+    # for each file's permissions: 0.15 s a commit here); the commit passes the new version's
+    # checksum to the table's state in memory anyway (``deltalog.TableLog.commit``)
     "spark.databricks.delta.writeChecksumFile.enabled": "false",
+    # PySpark records each DataFrame call's Python call site in the JVM (for error messages):
+    # four more gateway calls per call, and a batch of many tables builds its plan from tens
+    # of thousands of them
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 #: a Delta table's log gets a checkpoint every this many commits, by maintenance
@@ -381,16 +383,6 @@ def tagged(
             conf.unset(key)
 
 
-@dataclass(frozen=True, slots=True)
-class AddedFile:
-    """A Parquet file written into a Delta table's folder, to add in a commit."""
-
-    path: str  # relative to the table's folder
-    size: int
-    rows: int
-    stats: str  # Delta's statistics JSON (``stats_json``)
-
-
 def _json_value(value: Any) -> str:
     """A statistic's value as JSON; decimals as exact JSON numbers (as Delta writes them)."""
     if isinstance(value, Decimal):
@@ -416,51 +408,6 @@ def stats_json(
         f'{{"numRecords":{int(rows)},"minValues":{obj(minimum)},"maxValues":{obj(maximum)},'
         f'"nullCount":{obj(nulls)}}}'
     )
-
-
-def commit_files(
-    spark: Any,
-    path: Path | str,
-    files: Sequence[AddedFile],
-    *,
-    app_id: str,
-    version: int,
-    metadata: Mapping[str, Any],
-) -> int:
-    """Add ``files`` to the (existing) Delta table at ``path`` in one commit through the
-    connector's commit API (``OptimisticTransaction.commit``), tagged with the application
-    transaction ``(app_id, version)``; the version committed."""
-    jvm = spark.sparkContext._jvm
-    now = int(time.time() * 1000)
-    lines = [
-        json.dumps(
-            {
-                "add": {
-                    "path": f.path,
-                    "partitionValues": {},
-                    "size": int(f.size),
-                    "modificationTime": now,
-                    "dataChange": True,
-                    "stats": f.stats,
-                }
-            }
-        )
-        for f in files
-    ]
-    txn = {"appId": app_id, "version": int(version), "lastUpdated": now}
-    lines.append(json.dumps({"txn": txn}))
-    actions = jvm.java.util.ArrayList()
-    parse = jvm.org.apache.spark.sql.delta.actions.Action.fromJson
-    for line in lines:
-        actions.add(parse(line))
-    sequence = jvm.scala.jdk.javaapi.CollectionConverters.asScala(actions).toSeq()
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, str(path))
-    manual = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$ManualUpdate$")
-    operation = getattr(manual, "MODULE$")  # the Scala object
-    with tagged(spark, None, None, metadata):
-        committed = int(delta_log.startTransaction().commit(sequence, operation))
-    log.debug("committed %s files to %s as version %s", len(files), path, committed)
-    return committed
 
 
 def conflicts() -> tuple[type[BaseException], ...]:

@@ -15,7 +15,10 @@ step goes through Delta's Spark connector (``io.delta:delta-spark``, pinned with
   portable format;
 * ``OptimisticTransaction.commit`` started from the snapshot the batch read, so that Delta's
   conflict checks see every concurrent commit (a compaction that removed a file this commit
-  marks rows of makes it fail; the caller writes again).
+  marks rows of makes it fail; the caller writes again), recorded as the operation Delta's own
+  writers would record (``STREAMING UPDATE`` for a batch, ``WRITE`` for the copy's files), so
+  that Delta derives the new version's checksum from the previous one instead of rebuilding
+  the table's state from its log after the commit.
 
 Nothing here reads rows. The APIs used are those of ``DELTA_VERSION``; tests run them against
 Spark's Delta reader and delta-rs, and against the MERGE path, on the pinned version.
@@ -29,14 +32,15 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from pgcdc.lake.store.delta import USER_METADATA, user_metadata
+from pgcdc.lake.store.delta import user_metadata
 
 __all__ = [
     "Commit",
+    "CommitOperation",
     "DataFile",
     "TableLog",
 ]
@@ -46,6 +50,9 @@ _TXNS: dict[tuple[str, str], tuple[int, int | None]] = {}
 _TXN_LOCK = threading.Lock()
 
 log = logging.getLogger("pgcdc.lake")
+
+#: What a commit records as its operation (``TableLog.commit``)
+CommitOperation = Literal["stream", "write"]
 
 #: RoaringBitmapArray's portable serialization (Delta's deletion-vector format)
 _PORTABLE_MAGIC = 1681511377
@@ -408,12 +415,21 @@ class TableLog:
         app_id: str | None,
         txn_version: int | None,
         metadata: Mapping[str, Any],
+        operation: CommitOperation = "stream",
     ) -> int:
         """Commit ``actions`` (``add``/``remove`` JSON objects) on top of ``snapshot`` (the
         version they were computed from), with the application transaction ``(app_id,
-        txn_version)`` and pgcdc's ``metadata`` (set in ``session``, a Spark session this
-        thread alone uses); the version committed. Raises Delta's conflict exceptions when a
-        concurrent commit conflicts."""
+        txn_version)`` and pgcdc's ``metadata`` as the commit's ``userMetadata``; the version
+        committed. ``session``: the Spark session the commit runs in (made the thread's active
+        one). Raises Delta's conflict exceptions when a concurrent commit conflicts.
+
+        ``operation`` is what Delta records: ``"stream"`` a streaming writer's micro-batch
+        (``STREAMING UPDATE``, as Delta's own streaming sink commits, with the batch's query
+        and epoch), ``"write"`` an append of new rows (``WRITE``, the initial copy's files).
+        Either is an operation Delta derives the new version's checksum (its protocol,
+        metadata and file counts) for from the previous one's and the commit's actions; an
+        unsafe ``Manual Update`` is not, and the state of the table after every such commit
+        was a Spark job rebuilding it from the log (0.25-0.3 s a commit here)."""
         jvm = self._jvm
         delta = jvm.org.apache.spark.sql.delta
         now = int(time.time() * 1000)
@@ -428,18 +444,24 @@ class TableLog:
         for line in lines:
             java_actions.add(delta.actions.Action.fromJson(line))
         sequence = jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_actions).toSeq()
-        operation = getattr(getattr(delta, "DeltaOperations$ManualUpdate$"), "MODULE$")
-        # the transaction reads its commit's userMetadata from the thread's active session
-        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
-        conf = session.conf
-        conf.set(USER_METADATA, user_metadata(metadata))
-        try:
-            txn = self._log.startTransaction(
-                jvm.scala.Option.empty(), jvm.scala.Option.apply(snapshot)
+        some = jvm.scala.Option.apply
+        none = jvm.scala.Option.empty()
+        meta = some(user_metadata(metadata))
+        if operation == "stream":
+            op = delta.DeltaOperations.StreamingUpdate(
+                jvm.org.apache.spark.sql.streaming.OutputMode.Update(),
+                app_id or "",
+                int(txn_version or 0),
+                meta,
             )
-            return int(txn.commit(sequence, operation))
-        finally:
-            conf.unset(USER_METADATA)
+        else:
+            append = jvm.org.apache.spark.sql.SaveMode.Append
+            # Write(mode, partitionBy, predicate, userMetadata, and five options unset)
+            op = delta.DeltaOperations.Write(append, none, none, meta, none, none, none, none, none)
+        # Delta reads settings (and the WRITE operation its own) from the thread's active session
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
+        txn = self._log.startTransaction(none, some(snapshot))
+        return int(txn.commit(sequence, op))
 
 
 def _java_list(jvm: Any, seq: Any) -> list[Any]:

@@ -19,7 +19,7 @@ however many Delta tables are written.
 computes, in the schema ``snapshot_struct`` gives (Spark's types for those expressions, as the
 stream's writes see the tables). When every task
 succeeded, each Delta table gets its files in one commit through the connector's commit API,
-tagged ``Transaction(snapshot app id, generation)`` (``delta.commit_files``): from then on the
+tagged ``Transaction(snapshot app id, generation)`` (``deltalog.TableLog.commit``): from then on the
 table is written by Delta's Spark connector alone. Files of failed attempts are removed. A
 snapshot that did not finish is redone from scratch with a new slot (the next generation): the
 tables of the unfinished one are removed first.
@@ -40,7 +40,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from pgcdc.lake.store.delta import AddedFile, commit_files, create_table, stats_json
+from pgcdc.lake.store.delta import create_table, stats_json
+from pgcdc.lake.store.deltalog import DataFile, TableLog
 from pgcdc.lake.store.storage import LakeLocation, LakePath, LeaseLost, StorageError
 from pgcdc.lake.store.tables import (
     CL_COMMIT_LSN,
@@ -757,21 +758,28 @@ def write_snapshot(
                 # kept from here on even if the commit raises: it may have landed first
                 committed.update(r["path"] for r in written)
                 count = sum(int(r["rows"]) for r in written)
-                commit_files(
-                    spark,
-                    output.directory,
-                    [
-                        AddedFile(r["path"], int(r["size"]), int(r["rows"]), r["stats"])
-                        for r in written
-                    ],
+                now = int(time.time() * 1000)
+                added = [
+                    DataFile(r["path"], int(r["size"]), int(r["rows"]), r["stats"], now)
+                    for r in written
+                ]
+                table_log = TableLog(spark, str(output.directory))
+                version = table_log.commit(
+                    [f.add_action() for f in added],
+                    snapshot=table_log.snapshot(),
+                    session=spark,
                     app_id=app_id,
-                    version=generation,
+                    txn_version=generation,
+                    operation="write",
                     metadata={
                         "snapshot": generation,
                         "consistent_point": str(consistent_point),
                         "rows": count,
                         "files": len(written),
                     },
+                )
+                log.debug(
+                    "committed %s files to %s as version %s", len(added), output.directory, version
                 )
                 if output.kind == "mirror":
                     result.rows[table.table_id] = count
