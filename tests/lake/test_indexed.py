@@ -312,9 +312,9 @@ def test_indexed_histories_without_toast_equal_merged_histories(
     shared: list[int] = []
     parts = indexed_module._history_parts
 
-    def counted(keyed: Any, histories: Any) -> Any:
+    def counted(df: Any, keyed: Any, histories: Any, schema: str) -> Any:
         shared.append(len(histories))
-        return parts(keyed, histories)
+        return parts(df, keyed, histories, schema)
 
     monkeypatch.setattr(indexed_module, "_history_parts", counted)
     for batch_id, (transactions, truncating, forget) in enumerate(plan):

@@ -8,11 +8,12 @@ step goes through Delta's Spark connector (``io.delta:delta-spark``, pinned with
 ``pgcdc.lake.store.delta.DELTA_VERSION``) over py4j:
 
 * ``DeltaLog.forTable`` / ``update`` for the table's version and metadata (no Spark job);
-* ``DeltaLog.getChanges`` for the commits since a version (their actions read from the JSON
-  files: application transactions, commit metadata, files added and removed; no Spark job);
+* the log store's ``read`` for the commits since a version (their JSON files, as
+  ``DeltaLog.getChanges`` reads them: application transactions, commit metadata, files added
+  and removed; no Spark job);
 * ``HadoopFileSystemDVStore`` to read a file's deletion vector and write the new ones (one
-  file of deletion vectors per commit, as Delta's DML does), with ``RoaringBitmapArray`` in its
-  portable format;
+  file of deletion vectors per commit, as Delta's DML does), each a ``RoaringBitmapArray`` in
+  its portable format (``pgcdc.lake.store.deletion_vectors`` builds the bytes);
 * ``OptimisticTransaction.commit`` started from the snapshot the batch read, so that Delta's
   conflict checks see every concurrent commit (a compaction that removed a file this commit
   marks rows of makes it fail; the caller writes again), recorded as the operation Delta's own
@@ -36,6 +37,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from pgcdc.lake.store import deletion_vectors
 from pgcdc.lake.store.delta import user_metadata
 
 __all__ = [
@@ -53,9 +55,6 @@ log = logging.getLogger("pgcdc.lake")
 
 #: What a commit records as its operation (``TableLog.commit``)
 CommitOperation = Literal["stream", "write"]
-
-#: RoaringBitmapArray's portable serialization (Delta's deletion-vector format)
-_PORTABLE_MAGIC = 1681511377
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,26 +164,63 @@ def _loose_stats(stats: str | None) -> str | None:
     return json.dumps(parsed, separators=(",", ":"))
 
 
+class _Classes:
+    """The JVM classes (and constants) this module calls, looked up once per gateway: each
+    step of a name like ``jvm.org.apache.spark.sql.delta.actions.Action`` is a gateway round
+    trip of its own, and a batch's commits made thousands of them."""
+
+    def __init__(self, jvm: Any) -> None:
+        delta = jvm.org.apache.spark.sql.delta
+        self.DeltaLog = delta.DeltaLog
+        self.Action = delta.actions.Action
+        self.DeletionVectorDescriptor = delta.actions.DeletionVectorDescriptor
+        self.HadoopFileSystemDVStore = delta.storage.dv.HadoopFileSystemDVStore
+        self.portable = delta.deletionvectors.RoaringBitmapArrayFormat.Portable()
+        self.FileNames = delta.util.FileNames
+        self.StreamingUpdate = delta.DeltaOperations.StreamingUpdate
+        self.Write = delta.DeltaOperations.Write
+        self.update_mode = jvm.org.apache.spark.sql.streaming.OutputMode.Update()
+        self.append = jvm.org.apache.spark.sql.SaveMode.Append
+        self.SparkSession = jvm.org.apache.spark.sql.SparkSession
+        self.Option = jvm.scala.Option
+        self.none = jvm.scala.Option.empty()
+        self.converters = jvm.scala.jdk.javaapi.CollectionConverters
+        self.ArrayList = jvm.java.util.ArrayList
+        self.UUID = jvm.java.util.UUID
+        self.String = jvm.java.lang.String
+        self.HadoopPath = jvm.org.apache.hadoop.fs.Path
+
+
+_CLASSES: dict[int, _Classes] = {}
+_CLASSES_LOCK = threading.Lock()
+
+
+def _classes(jvm: Any) -> _Classes:
+    with _CLASSES_LOCK:
+        found = _CLASSES.get(id(jvm))
+        if found is None:
+            found = _CLASSES[id(jvm)] = _Classes(jvm)
+        return found
+
+
 class TableLog:
     """One Delta table's log through the connector's JVM classes (a driver-side handle; cheap
     to make: Delta caches its ``DeltaLog`` per path)."""
 
-    __slots__ = ("_jvm", "_log", "_spark", "path")
+    __slots__ = ("_c", "_jvm", "_log", "_spark", "path")
 
     def __init__(self, spark: Any, path: str) -> None:
         self._spark = spark
         self._jvm = spark.sparkContext._jvm
+        self._c = _classes(self._jvm)
         self.path = str(path)
-        self._log = self._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(
-            spark._jsparkSession, self.path
-        )
+        self._log = self._c.DeltaLog.forTable(spark._jsparkSession, self.path)
 
     # -- reading ---------------------------------------------------------------------------
 
     def snapshot(self) -> Any:
         """The table's latest snapshot (a JVM object; the log listed, no Spark job)."""
-        empty = self._jvm.scala.Option.empty()
-        return self._log.update(False, empty, empty)
+        return self._log.update(False, self._c.none, self._c.none)
 
     def version(self) -> int:
         """The table's latest version; -1 when there is no table."""
@@ -199,7 +235,7 @@ class TableLog:
         """Write a checkpoint of ``snapshot`` (Delta's own: its Parquet file and
         ``_last_checkpoint``; it also removes log files past the log's retention). Safe beside
         commits: a checkpoint describes a version already committed."""
-        self._log.checkpoint(snapshot, self._jvm.scala.Option.empty())
+        self._log.checkpoint(snapshot, self._c.none)
 
     def schema(self, snapshot: Any | None = None) -> dict[str, Any]:
         """The table's schema as Delta's JSON (with column mapping's physical names)."""
@@ -221,20 +257,22 @@ class TableLog:
         ]
 
     def commits(self, start: int, end: int | None = None) -> Iterator[Commit]:
-        """The commits from version ``start`` (to ``end``, inclusive), in order, read from
-        the log's JSON files. Raises when a commit of the range is no longer in the log."""
-        empty = self._jvm.scala.Option.empty()
-        changes = self._log.getChanges(int(start), empty, True)
-        expected = int(start)
-        while changes.hasNext():
-            pair = changes.next()
-            version = int(pair._1())
-            if end is not None and version > end:
-                return
-            if version != expected:
-                raise LookupError(f"{self.path}: commit {expected} is not in the log")
-            expected += 1
-            yield _parse_commit(version, [a.json() for a in _java_list(self._jvm, pair._2())])
+        """The commits from version ``start`` (to ``end``, inclusive; default the latest), in
+        order, each read from its JSON file through the table's log store (a few gateway calls
+        a commit, whatever its actions). Raises LookupError when a commit of the range is no
+        longer in the log."""
+        c = self._c
+        last = self.version() if end is None else int(end)
+        store = self._log.store()
+        hadoop = self._log.newDeltaHadoopConf()
+        log_path = self._log.logPath()
+        for version in range(int(start), last + 1):
+            try:
+                lines = store.read(c.FileNames.unsafeDeltaFile(log_path, version), hadoop)
+            except Exception as exc:  # py4j's error: the file is gone (or the log unreadable)
+                raise LookupError(f"{self.path}: commit {version} is not in the log") from exc
+            text = c.String.join("\n", c.converters.asJava(lines))
+            yield _parse_commit(version, [line for line in str(text).split("\n") if line])
 
     def newest_commits(self, limit: int) -> Iterator[Commit]:
         """The table's latest ``limit`` commits, newest first, read back in growing windows
@@ -325,46 +363,47 @@ class TableLog:
         vectors in the table's folder (Delta's store); each file as it is to be added back."""
         if not marks:
             return {}
-        jvm = self._jvm
-        delta = jvm.org.apache.spark.sql.delta
+        c = self._c
         hadoop = self._spark._jsparkSession.sessionState().newHadoopConf()
-        store = delta.storage.dv.HadoopFileSystemDVStore(hadoop)
-        table_path = jvm.org.apache.hadoop.fs.Path(self.path)
-        file_id = jvm.java.util.UUID.randomUUID()
-        dv_path = delta.actions.DeletionVectorDescriptor.assembleDeletionVectorPath(
-            table_path, file_id, ""
-        )
-        portable = delta.deletionvectors.RoaringBitmapArrayFormat.Portable()
+        store = c.HadoopFileSystemDVStore(hadoop)
+        table_path = c.HadoopPath(self.path)
+        file_id = c.UUID.randomUUID()
+        dv_path = c.DeletionVectorDescriptor.assembleDeletionVectorPath(table_path, file_id, "")
+        portable = c.portable
         writer = store.createWriter(store.pathWithFileSystem(dv_path))
         updated: dict[str, DataFile] = {}
+        storage_type: str | None = None
+        path_or_inline: str | None = None
         try:
             for data_file, rows in marks:
-                bitmap = self._bitmap(rows)
+                values = np.unique(np.asarray(rows, dtype=np.int64))
+                if values.size and (values[0] < 0 or values[-1] >= 2**31):
+                    raise ValueError(f"{self.path}: row index out of range for a deletion vector")
                 if data_file.deletion_vector is not None:
                     previous = store.read(self._descriptor(data_file), table_path)
-                    bitmap.merge(previous)
-                cardinality = int(bitmap.cardinality())
+                    stored = deletion_vectors.decode(bytes(previous.serializeAsByteArray(portable)))
+                    values = np.union1d(values, stored)
+                cardinality = int(values.size)
                 if data_file.records >= 0 and cardinality > data_file.records:
                     raise RuntimeError(
                         f"{self.path}: a deletion vector of {data_file.path} would mark "
                         f"{cardinality} rows of its {data_file.records}"
                     )
-                written = writer.write(bitmap.serializeAsByteArray(portable))
-                descriptor = delta.actions.DeletionVectorDescriptor.onDiskWithRelativePath(
-                    file_id,
-                    "",
-                    written.length(),
-                    cardinality,
-                    jvm.scala.Option.apply(written.offset()),
-                    jvm.scala.Option.empty(),
+                written = writer.write(deletion_vectors.encode(values))
+                offset, length = int(written.offset()), int(written.length())
+                descriptor = c.DeletionVectorDescriptor.onDiskWithRelativePath(
+                    file_id, "", length, cardinality, c.Option.apply(offset), c.none
                 )
+                if path_or_inline is None:  # the same file of vectors for every file marked
+                    storage_type = str(descriptor.storageType())
+                    path_or_inline = str(descriptor.pathOrInlineDv())
                 updated[data_file.path] = replace(
                     data_file,
                     deletion_vector={
-                        "storageType": descriptor.storageType(),
-                        "pathOrInlineDv": descriptor.pathOrInlineDv(),
-                        "offset": int(written.offset()),
-                        "sizeInBytes": int(written.length()),
+                        "storageType": storage_type,
+                        "pathOrInlineDv": path_or_inline,
+                        "offset": offset,
+                        "sizeInBytes": length,
                         "cardinality": cardinality,
                     },
                     stats=_loose_stats(data_file.stats),
@@ -373,36 +412,8 @@ class TableLog:
             writer.close()
         return updated
 
-    def _bitmap(self, rows: np.ndarray) -> Any:
-        """A ``RoaringBitmapArray`` of ``rows`` (row indexes below 2**31), built in the JVM
-        from their bytes (one py4j call per step, whatever their number)."""
-        jvm = self._jvm
-        gateway = self._spark.sparkContext._gateway
-        values = np.unique(np.asarray(rows, dtype=np.int64))
-        if values.size and (values[0] < 0 or values[-1] >= 2**31):
-            raise ValueError(f"{self.path}: row index out of range for a deletion vector")
-        little = jvm.java.nio.ByteOrder.LITTLE_ENDIAN
-        ints = gateway.new_array(gateway.jvm.int, int(values.size))
-        if values.size:
-            data = bytearray(values.astype("<i4").tobytes())
-            jvm.java.nio.ByteBuffer.wrap(data).order(little).asIntBuffer().get(ints)
-        roaring = jvm.org.roaringbitmap.RoaringBitmap.bitmapOf(ints)
-        roaring.runOptimize()
-        buffer = jvm.java.nio.ByteBuffer.allocate(16 + roaring.serializedSizeInBytes())
-        buffer.order(little)
-        buffer.putInt(_PORTABLE_MAGIC)
-        buffer.putLong(1)  # one 32-bit bitmap, of key 0: every row index is below 2**31
-        buffer.putInt(0)
-        roaring.serialize(buffer)
-        return jvm.org.apache.spark.sql.delta.deletionvectors.RoaringBitmapArray.readFrom(
-            buffer.array()
-        )
-
     def _descriptor(self, data_file: DataFile) -> Any:
-        action = self._jvm.org.apache.spark.sql.delta.actions.Action.fromJson(
-            json.dumps(data_file.add_action())
-        )
-        return action.deletionVector()
+        return self._c.Action.fromJson(json.dumps(data_file.add_action())).deletionVector()
 
     # -- committing ------------------------------------------------------------------------
 
@@ -430,8 +441,7 @@ class TableLog:
         metadata and file counts) for from the previous one's and the commit's actions; an
         unsafe ``Manual Update`` is not, and the state of the table after every such commit
         was a Spark job rebuilding it from the log (0.25-0.3 s a commit here)."""
-        jvm = self._jvm
-        delta = jvm.org.apache.spark.sql.delta
+        c = self._c
         now = int(time.time() * 1000)
         lines = [json.dumps(a) for a in actions]
         if app_id is not None and txn_version is not None:
@@ -440,33 +450,27 @@ class TableLog:
                     {"txn": {"appId": app_id, "version": int(txn_version), "lastUpdated": now}}
                 )
             )
-        java_actions = jvm.java.util.ArrayList()
+        java_actions = c.ArrayList()
         for line in lines:
-            java_actions.add(delta.actions.Action.fromJson(line))
-        sequence = jvm.scala.jdk.javaapi.CollectionConverters.asScala(java_actions).toSeq()
-        some = jvm.scala.Option.apply
-        none = jvm.scala.Option.empty()
-        meta = some(user_metadata(metadata))
+            java_actions.add(c.Action.fromJson(line))
+        sequence = c.converters.asScala(java_actions).toSeq()
+        meta = c.Option.apply(user_metadata(metadata))
         if operation == "stream":
-            op = delta.DeltaOperations.StreamingUpdate(
-                jvm.org.apache.spark.sql.streaming.OutputMode.Update(),
-                app_id or "",
-                int(txn_version or 0),
-                meta,
-            )
+            op = c.StreamingUpdate(c.update_mode, app_id or "", int(txn_version or 0), meta)
         else:
-            append = jvm.org.apache.spark.sql.SaveMode.Append
             # Write(mode, partitionBy, predicate, userMetadata, and five options unset)
-            op = delta.DeltaOperations.Write(append, none, none, meta, none, none, none, none, none)
+            none = c.none
+            op = c.Write(c.append, none, none, meta, none, none, none, none, none)
         # Delta reads settings (and the WRITE operation its own) from the thread's active session
-        jvm.org.apache.spark.sql.SparkSession.setActiveSession(session._jsparkSession)
-        txn = self._log.startTransaction(none, some(snapshot))
-        return int(txn.commit(sequence, op))
-
-
-def _java_list(jvm: Any, seq: Any) -> list[Any]:
-    """A Scala ``Seq``'s elements as a Python list."""
-    return list(jvm.scala.jdk.javaapi.CollectionConverters.asJava(seq))
+        c.SparkSession.setActiveSession(session._jsparkSession)
+        txn = self._log.startTransaction(c.none, c.Option.apply(snapshot))
+        committed = int(txn.commit(sequence, op))
+        if app_id is not None and txn_version is not None:
+            # the newest transaction of the app at that version: the next batch's check of
+            # what the table holds reads no commit (``transaction_version``)
+            with _TXN_LOCK:
+                _TXNS[(self.path, app_id)] = (committed, int(txn_version))
+        return committed
 
 
 def _parse_commit(version: int, lines: Sequence[str]) -> Commit:

@@ -26,6 +26,7 @@ rows are copies, not keys).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -165,6 +166,17 @@ def packed_column(output: int) -> str:
 #: the packed union's column telling which output a row is for
 OUTPUT_COLUMN = "__pgcdc_output"
 
+#: Each Delta table's output number in the batches' shared plan: the same for a table over
+#: the process's life, so that its part of the plan is built once (``shared_rows``)
+_NUMBERS: dict[tuple[str, TableKind], int] = {}
+_NUMBERS_LOCK = threading.Lock()
+
+
+def output_number(table_id: str, kind: TableKind) -> int:
+    """The output number of a table's Delta table of ``kind`` in the shared plan."""
+    with _NUMBERS_LOCK:
+        return _NUMBERS.setdefault((table_id, kind), len(_NUMBERS))
+
 
 @dataclass(frozen=True, slots=True)
 class SharedWriter:
@@ -174,7 +186,7 @@ class SharedWriter:
     file in its table's folder and reports them (``WRITTEN``), so that a batch's tables are
     written by one Spark stage, not a stage per table."""
 
-    outputs: tuple[Output, ...]
+    outputs: Mapping[int, Output]
     location: LakeLocation
     tag: str
 
@@ -184,10 +196,17 @@ class SharedWriter:
         files: dict[int, _OutputFile] = {}
         try:
             for received in batches:
-                which = received.column(OUTPUT_COLUMN)
-                for number in pc.unique(which).to_pylist():
-                    rows = received.filter(pc.equal(which, number))
-                    struct = rows.column(packed_column(number))
+                # each output's rows as one slice of the batch sorted by output (a filter per
+                # output read the whole batch once per output: a hundred tables, a hundred
+                # times); the sort is stable, so each output's rows keep their order
+                order = pc.sort_indices(received.column(OUTPUT_COLUMN))
+                ordered = received.take(order)
+                which = ordered.column(OUTPUT_COLUMN).to_numpy(zero_copy_only=False)
+                starts = np.flatnonzero(np.diff(which, prepend=which[:1] - 1))
+                ends = np.append(starts[1:], which.size)
+                for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+                    number = int(which[start])
+                    struct = ordered.column(packed_column(number)).slice(start, end - start)
                     part = pa.RecordBatch.from_struct_array(struct)
                     if number not in files:
                         files[number] = _OutputFile(number, self.outputs[number], self)
@@ -839,14 +858,37 @@ def shared_rows(df: Any, outputs: Sequence[SharedOutput]) -> Any:
     key to the last by ``(commit LSN, position, sub)`` (``mirror.mirror_rows``'s rule, for
     tables without unchanged TOAST values in the batch), the histories' events made versions
     per key (``_history_parts``), the changelogs' rows as they are. Rows: ``OUTPUT_COLUMN``
-    and each output's ``packed_column``."""
+    and each output's ``packed_column``.
+
+    Each output's part of the plan (its events, its packed row, its versions) is built once
+    per output number and schema and kept (``expressions``): the tables a batch touches vary
+    from batch to batch, and building a part is hundreds of gateway calls."""
     from pyspark.sql import functions as F
 
-    key = ("shared", tuple(outputs), df.schema.json())
-    where, header, columns, packed, mirrors, changelogs = expressions(
-        df, key, lambda: _shared_expressions(df, outputs)
-    )
-    rows = df.where(where).select(*columns, F.explode(header).alias(_HEADER)).select(*packed)
+    schema = df.schema.json()
+    by_table: dict[str, list[SharedOutput]] = {}
+    for o in outputs:
+        by_table.setdefault(o.table.table_id, []).append(o)
+    branches: Any = None
+    for mine in by_table.values():
+        when, array = expressions(
+            df, ("shared-events", tuple(mine), schema), functools.partial(_events, df, mine)
+        )
+        branches = F.when(when, array) if branches is None else branches.when(when, array)
+    carried = sorted({o.column for o in outputs})
+    columns = [F.col(c) for c in _CARRIED] + [F.col(quote_column(c)) for c in carried]
+    header = expressions(df, ("shared-header",), _header_columns)
+    packed = [
+        *header,
+        *[
+            expressions(df, ("shared-packed", o, schema), functools.partial(_packed_value, df, o))
+            for o in outputs
+        ],
+    ]
+    where = F.col("_table_id").isin(list(by_table))
+    rows = df.where(where).select(*columns, F.explode(branches).alias(_HEADER)).select(*packed)
+    mirrors = [o.output for o in outputs if o.kind == "mirror"]
+    changelogs = [o.output for o in outputs if o.kind == "changelog"]
     parts = []
     histories = [o for o in outputs if o.kind == "history"]
     keyed = rows
@@ -854,7 +896,7 @@ def shared_rows(df: Any, outputs: Sequence[SharedOutput]) -> Any:
         # one shuffle by key for the mirrors' reduction and the histories' versions alike
         # (an aggregate or window on more columns than these needs no other)
         keyed = rows.repartition(F.col(OUTPUT_COLUMN), F.col(_HI), F.col(_LO))
-        parts.extend(_history_parts(keyed, histories))
+        parts.extend(_history_parts(df, keyed, histories, schema))
     if mirrors:
         names = [packed_column(k) for k in mirrors]
         reduced = (
@@ -880,7 +922,22 @@ def shared_rows(df: Any, outputs: Sequence[SharedOutput]) -> Any:
     return union
 
 
-def _history_parts(keyed: Any, histories: Sequence[SharedOutput]) -> list[Any]:
+#: the source's columns the shared plan carries beside the tables' struct columns
+_CARRIED = (
+    "_table_id",
+    "_op",
+    "_commit_lsn",
+    "_commit_lsn_text",
+    "_end_lsn",
+    "_position",
+    "_xid",
+    "_commit_time",
+)
+
+
+def _history_parts(
+    df: Any, keyed: Any, histories: Sequence[SharedOutput], schema: str
+) -> list[Any]:
     """The histories' rows of the batch from their events (``keyed``: partitioned by output
     and key hash), by ``history.history_rows``' rules for a batch without TRUNCATE or
     unchanged TOAST values: a key's events collapsed per transaction to its final state (the
@@ -926,68 +983,106 @@ def _history_parts(keyed: Any, histories: Sequence[SharedOutput]) -> list[Any]:
         F.row_number().over(by_key).alias("n"),
     )
     out = F.col(OUTPUT_COLUMN)
-    next_lsn = F.col("next_lsn")
-    current = next_lsn.isNull()
-    hashes = [F.col(_HI).alias(HASH_HI), F.col(_LO).alias(HASH_LO)]
-
-    def version(o: SharedOutput) -> Any:
-        values = r.getField(packed_column(o.output))
-        return F.when(
-            out == F.lit(o.output),
-            F.struct(
-                *[values.getField(c).alias(c) for c in o.names],
-                F.col(_LSN).alias(START_LSN),
-                r.getField("at").alias(START_AT),
-                next_lsn.alias(END_LSN),
-                F.col("next_time").alias(END_AT),
-                current.alias(IS_CURRENT),
-                F.when(F.col(_FIRST) == "I", "I").otherwise("U").alias(START_OP),
-                F.when(current, F.lit(None).cast("string"))
-                .otherwise(F.col("next_ends"))
-                .alias(END_OP),
-                F.when(current, F.lit(WRITE)).otherwise(F.lit(WRITE_ONLY)).alias(OP),
-                *hashes,
-            ),
-        ).alias(packed_column(o.output))
-
-    def close(o: SharedOutput) -> Any:
-        values = r.getField(packed_column(o.output))
-        return F.when(
-            out == F.lit(o.output),
-            F.struct(
-                *[F.when(F.lit(False), values.getField(c)).alias(c) for c in o.names],
-                F.lit(None).cast("long").alias(START_LSN),
-                F.lit(None).cast("timestamp").alias(START_AT),
-                F.col(_LSN).alias(END_LSN),
-                r.getField("at").alias(END_AT),
-                F.lit(False).alias(IS_CURRENT),
-                F.lit(None).cast("string").alias(START_OP),
-                F.col(_ENDS).alias(END_OP),
-                F.lit(CLOSE).alias(OP),
-                *hashes,
-            ),
-        ).alias(packed_column(o.output))
-
     versions = stepped.where(r.getField("op") != F.lit("D")).select(
-        out, *[version(o) for o in histories]
+        out,
+        *[
+            expressions(df, ("shared-version", o, schema), functools.partial(_history_version, o))
+            for o in histories
+        ],
     )
-    closes = stepped.where(F.col("n") == 1).select(out, *[close(o) for o in histories])
+    closes = stepped.where(F.col("n") == 1).select(
+        out,
+        *[
+            expressions(df, ("shared-close", o, schema), functools.partial(_history_close, o))
+            for o in histories
+        ],
+    )
     return [versions, closes]
 
 
-def _packed_value(df: Any, o: SharedOutput, h: Any) -> Any:
-    """Output ``o``'s row of an event (NULL for another output's event)."""
+def _history_version(o: SharedOutput) -> Any:
+    """A history's new version of a key from a transaction's collapsed events (its packed
+    column; NULL for another output's row)."""
     from pyspark.sql import functions as F
 
+    r = F.col(_REDUCED)
+    next_lsn = F.col("next_lsn")
+    current = next_lsn.isNull()
+    values = r.getField(packed_column(o.output))
+    return F.when(
+        F.col(OUTPUT_COLUMN) == F.lit(o.output),
+        F.struct(
+            *[values.getField(c).alias(c) for c in o.names],
+            F.col(_LSN).alias(START_LSN),
+            r.getField("at").alias(START_AT),
+            next_lsn.alias(END_LSN),
+            F.col("next_time").alias(END_AT),
+            current.alias(IS_CURRENT),
+            F.when(F.col(_FIRST) == "I", "I").otherwise("U").alias(START_OP),
+            F.when(current, F.lit(None).cast("string")).otherwise(F.col("next_ends")).alias(END_OP),
+            F.when(current, F.lit(WRITE)).otherwise(F.lit(WRITE_ONLY)).alias(OP),
+            F.col(_HI).alias(HASH_HI),
+            F.col(_LO).alias(HASH_LO),
+        ),
+    ).alias(packed_column(o.output))
+
+
+def _history_close(o: SharedOutput) -> Any:
+    """A history's request to end a key's version current before the batch, at the key's
+    first transaction in it (its packed column; NULL for another output's row)."""
+    from pyspark.sql import functions as F
+
+    r = F.col(_REDUCED)
+    values = r.getField(packed_column(o.output))
+    return F.when(
+        F.col(OUTPUT_COLUMN) == F.lit(o.output),
+        F.struct(
+            *[F.when(F.lit(False), values.getField(c)).alias(c) for c in o.names],
+            F.lit(None).cast("long").alias(START_LSN),
+            F.lit(None).cast("timestamp").alias(START_AT),
+            F.col(_LSN).alias(END_LSN),
+            r.getField("at").alias(END_AT),
+            F.lit(False).alias(IS_CURRENT),
+            F.lit(None).cast("string").alias(START_OP),
+            F.col(_ENDS).alias(END_OP),
+            F.lit(CLOSE).alias(OP),
+            F.col(_HI).alias(HASH_HI),
+            F.col(_LO).alias(HASH_LO),
+        ),
+    ).alias(packed_column(o.output))
+
+
+def _header_columns() -> list[Any]:
+    """The shared plan's columns every output's event carries (``shared_rows``)."""
+    from pyspark.sql import functions as F
+
+    h = F.col(_HEADER)
+    return [
+        h.getField("out").alias(OUTPUT_COLUMN),
+        h.getField("hi").alias(_HI),
+        h.getField("lo").alias(_LO),
+        F.struct(F.col("_commit_lsn"), F.col("_position"), h.getField("sub")).alias(_SEQ),
+        h.getField("op").alias(_EVOP),
+        F.col("_commit_time").alias(_TIME),
+    ]
+
+
+def _packed_value(df: Any, o: SharedOutput) -> Any:
+    """Output ``o``'s row of an event (NULL for another output's event), as its packed
+    column."""
+    from pyspark.sql import functions as F
+
+    h = F.col(_HEADER)
     mine = h.getField("out") == F.lit(o.output)
     if o.kind == "changelog":
-        return F.when(mine, F.struct(*changelog_columns(df, o.column, o.names)))
+        value = F.when(mine, F.struct(*changelog_columns(df, o.column, o.names)))
+        return value.alias(packed_column(o.output))
     image_type, _ = image_columns(df, o.column)
     new = lake_image(F.col(quote_column(o.column)).getField("new"), image_type)
     deleted = h.getField("op") == F.lit("D")
     values = [F.when(~deleted, new.getField(c)).alias(c) for c in o.names]
     if o.kind == "history":  # made versions per key in ``_history_parts``
-        return F.when(mine, F.struct(*values))
+        return F.when(mine, F.struct(*values)).alias(packed_column(o.output))
     return F.when(
         mine,
         F.struct(
@@ -998,7 +1093,7 @@ def _packed_value(df: Any, o: SharedOutput, h: Any) -> Any:
             h.getField("hi").alias(HASH_HI),
             h.getField("lo").alias(HASH_LO),
         ),
-    )
+    ).alias(packed_column(o.output))
 
 
 def _event_header(o: SharedOutput, types: Mapping[str, Any]) -> Callable[[Any], Any]:
@@ -1019,77 +1114,40 @@ def _event_header(o: SharedOutput, types: Mapping[str, Any]) -> Callable[[Any], 
     return header
 
 
-def _shared_expressions(
-    df: Any, outputs: Sequence[SharedOutput]
-) -> tuple[Any, Any, list[Any], list[Any], list[int], list[int]]:
-    """``shared_rows``' filter, event header array, carried columns, packed columns, and its
-    mirror and changelog outputs."""
+def _events(df: Any, mine: Sequence[SharedOutput]) -> tuple[Any, Any]:
+    """One table's branch of the shared plan's event array: the condition that a source row is
+    the table's, and the row's events for each of the table's outputs (``mine``)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    by_table: dict[str, list[SharedOutput]] = {}
-    for o in outputs:
-        by_table.setdefault(o.table.table_id, []).append(o)
     op = F.col("_op")
-    branches: Any = None
-    for table_id, mine in by_table.items():
-        parts = []
-        for o in mine:
-            if o.kind in ("mirror", "history"):
-                image_type, _ = image_columns(df, o.column)
-                key_types = {f.name: f.dataType for f in lake_type(image_type).fields}
-                events = event_array(df, o.table, o.column)
-
-                # a TRUNCATE is no event of the mirror (such batches take the MERGE)
-                parts.append(
-                    F.filter(
-                        F.transform(events, _event_header(o, key_types)),
-                        lambda _: op != F.lit("T"),
+    parts = []
+    for o in mine:
+        if o.kind in ("mirror", "history"):
+            image_type, _ = image_columns(df, o.column)
+            key_types = {f.name: f.dataType for f in lake_type(image_type).fields}
+            events = event_array(df, o.table, o.column)
+            # a TRUNCATE is no event of the mirror (such batches take the MERGE)
+            parts.append(
+                F.filter(
+                    F.transform(events, _event_header(o, key_types)),
+                    lambda _: op != F.lit("T"),
+                )
+            )
+        else:
+            parts.append(
+                F.array(
+                    F.struct(
+                        F.lit(o.output).alias("out"),
+                        F.lit(0).alias("sub"),
+                        op.alias("op"),
+                        F.lit(None).cast(T.LongType()).alias("hi"),
+                        F.lit(None).cast(T.LongType()).alias("lo"),
                     )
                 )
-            else:
-                parts.append(
-                    F.array(
-                        F.struct(
-                            F.lit(o.output).alias("out"),
-                            F.lit(0).alias("sub"),
-                            op.alias("op"),
-                            F.lit(None).cast(T.LongType()).alias("hi"),
-                            F.lit(None).cast(T.LongType()).alias("lo"),
-                        )
-                    )
-                )
-        array = parts[0] if len(parts) == 1 else F.concat(*parts)
-        when = F.col("_table_id") == F.lit(table_id)
-        branches = F.when(when, array) if branches is None else branches.when(when, array)
-    where = F.col("_table_id").isin(list(by_table))
-    carried = sorted({o.column for o in outputs})
-    columns = [
-        F.col(c)
-        for c in (
-            "_table_id",
-            "_op",
-            "_commit_lsn",
-            "_commit_lsn_text",
-            "_end_lsn",
-            "_position",
-            "_xid",
-            "_commit_time",
-        )
-    ] + [F.col(quote_column(c)) for c in carried]
-    h = F.col(_HEADER)
-    packed = [
-        h.getField("out").alias(OUTPUT_COLUMN),
-        h.getField("hi").alias(_HI),
-        h.getField("lo").alias(_LO),
-        F.struct(F.col("_commit_lsn"), F.col("_position"), h.getField("sub")).alias(_SEQ),
-        h.getField("op").alias(_EVOP),
-        F.col("_commit_time").alias(_TIME),
-        *[_packed_value(df, o, h).alias(packed_column(o.output)) for o in outputs],
-    ]
-    mirrors = [o.output for o in outputs if o.kind == "mirror"]
-    changelogs = [o.output for o in outputs if o.kind == "changelog"]
-    return where, branches, columns, packed, mirrors, changelogs
+            )
+    array = parts[0] if len(parts) == 1 else F.concat(*parts)
+    return F.col("_table_id") == F.lit(mine[0].table.table_id), array
 
 
 def history_indexed_rows(batch: TableBatch) -> Any:
@@ -1191,7 +1249,7 @@ def _closed_copies(
     for more in packed[1:]:
         union = union.unionByName(more, allowMissingColumns=True)
     tasks = max(1, int(spark.sparkContext.defaultParallelism))
-    writer = SharedWriter(tuple(outputs), location, tag)
+    writer = SharedWriter(dict(enumerate(outputs)), location, tag)
     reports: dict[int, list[Mapping[str, Any]]] = {}
     rows = _collect_without_adaptive(
         spark, union.coalesce(tasks).mapInArrow(writer, _WRITTEN_SPARK)
@@ -1257,12 +1315,14 @@ def direct_write(
 
     clock = time.monotonic()
     plans = []
-    outputs: list[Output] = []
+    outputs: dict[int, Output] = {}
     packed: list[Any] = []
     wanted: list[tuple[int, IndexWanted]] = []
     shared: list[SharedOutput] = []
+    numbers = [output_number(batch.table.table_id, kind) for batch, kind, _ in items]
     for i, (batch, kind, path) in enumerate(items):
         table = batch.table
+        number = numbers[i]
         log_ = TableLog(spark, path)
         snapshot = log_.snapshot()
         # the schema as the table's latest snapshot has it (None: no table yet, evolve creates it)
@@ -1322,15 +1382,15 @@ def direct_write(
         if rows is not None:
             packed.append(
                 rows.select(
-                    F.lit(i).alias(OUTPUT_COLUMN),
+                    F.lit(number).alias(OUTPUT_COLUMN),
                     F.struct(*[F.col(quote_column(c)) for c in rows.columns]).alias(
-                        packed_column(i)
+                        packed_column(number)
                     ),
                 )
             )
         else:
-            shared.append(SharedOutput(i, table, kind, batch.column, tuple(batch.names)))
-        outputs.append(Output(target, keyed=kind != "changelog"))
+            shared.append(SharedOutput(number, table, kind, batch.column, tuple(batch.names)))
+        outputs[number] = Output(target, keyed=kind != "changelog")
         plans.append((batch, kind, log_, snapshot, folder, target))
     if shared:
         packed.insert(0, shared_rows(items[0][0].changes, shared))
@@ -1344,12 +1404,12 @@ def direct_write(
     # one writer stage for every table: as many tasks as the session's parallelism (each
     # writes a file per table it saw), whatever the number of tables
     tasks = max(1, int(spark.sparkContext.defaultParallelism))
-    writer = SharedWriter(tuple(outputs), layout.location, f"b{items[0][0].batch_id}")
+    writer = SharedWriter(outputs, layout.location, f"b{items[0][0].batch_id}")
     written = union.coalesce(tasks).mapInArrow(writer, _WRITTEN_SPARK)
     reports: dict[int, list[Mapping[str, Any]]] = {}
     for row in _collect_without_adaptive(spark, written).to_pylist():
         reports.setdefault(int(row["output"]), []).append(row)
-    collected = {i: Written.collect(reports.get(i, [])) for i in range(len(plans))}
+    collected = {i: Written.collect(reports.get(n, [])) for i, n in enumerate(numbers)}
     batch_id = items[0][0].batch_id
     if reached is not None:
         reached("data-files", f"{len(plans)} Delta tables")
