@@ -152,6 +152,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--history", action="store_true", help="history and changelog on")
     parser.add_argument("--merge", action="store_true", help='[lake] write = "merge"')
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        type=lambda text: tuple(text.split("=", 1)),
+        help="a Spark setting KEY=VALUE for the session (repeatable)",
+    )
     parser.add_argument("--lake", type=Path, help="the lake's folder (default: a scratch one)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
@@ -165,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     spark = spark_session(
         "local[2]",
         "pgcdc-writer-profile",
-        conf=delta_settings({"spark.sql.adaptive.enabled": "false"}),
+        conf=delta_settings({"spark.sql.adaptive.enabled": "false", **dict(args.conf)}),
         class_data_sharing=False,
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -202,7 +202,7 @@ class InitialCopy:
         state = state.evolve(snapshot_done=True, snapshot_rows=dict(snapshot.rows))
         save_state(self.layout, state)
         if self.config.lake.write == "indexed":
-            build_indexes(spark, self.layout, plan.tables)
+            build_indexes(spark, self.layout, plan.tables, snapshot)
         result.snapshot_rows = dict(snapshot.rows)
         result.snapshot_seconds = time.monotonic() - started
         log.info(
@@ -277,10 +277,14 @@ def copy_in_snapshot(
         raise PipelineError(f"{failed}: {scrub_secrets(found.cause)}; {again}{fix}") from exc
 
 
-def build_indexes(spark: Any, layout: LakeLayout, tables: Sequence[LakeTable]) -> None:
+def build_indexes(
+    spark: Any, layout: LakeLayout, tables: Sequence[LakeTable], copied: SnapshotResult
+) -> None:
     """The key indexes of the copied mirrors and histories (``pgcdc.lake.write.indexed``),
-    built now, by one Spark job for all, so that the first batch does not build them. A
-    failure is logged: the first batch that needs an index builds it."""
+    built now, by one Spark job for all, so that the first batch does not build them: read
+    from the files the copy committed (``copied``; as Parquet, nothing of the tables' logs
+    but their schemas), or, for a table whose log moved on since, from the table. A failure
+    is logged: the first batch that needs an index builds it."""
 
     wanted = []
     for table in tables:
@@ -291,9 +295,11 @@ def build_indexes(spark: Any, layout: LakeLayout, tables: Sequence[LakeTable]) -
         for kind in [k for k in table.kinds() if k in ("mirror", "history")]:
             log_ = TableLog(spark, str(table.path(layout, kind)))
             folder = index_folder(layout, table, kind)
-            wanted.append(
-                IndexWanted(log_, log_.snapshot(), tuple(table.row_keys), folder, kind == "history")
-            )
+            snapshot = log_.snapshot()
+            version, files = copied.files.get((table.table_id, kind), (-1, None))
+            known = files if int(snapshot.version()) == version else None
+            keys = tuple(table.row_keys)
+            wanted.append(IndexWanted(log_, snapshot, keys, folder, kind == "history", known))
     if not wanted:
         return
     try:

@@ -379,7 +379,7 @@ class TableSet:
             )
             save_state(self.layout, state)
         if self.config.lake.write == "indexed":
-            build_indexes(spark, self.layout, tables)
+            build_indexes(spark, self.layout, tables, copied)
         seconds = time.monotonic() - started
         result.added_rows = dict(copied.rows)
         log.info(

@@ -582,6 +582,10 @@ def _stamped(data_file: DataFile, now: int) -> DataFile:
     return replace(data_file, modification_time=now)
 
 
+#: a Delta table with this many changes in a batch has its rows written by every writer task
+#: (each a file of its own), a smaller one by one task
+SPREAD = 50_000
+
 #: how many times a table's commit is tried when a concurrent commit (maintenance) conflicts
 CONFLICT_ATTEMPTS = 5
 
@@ -633,7 +637,12 @@ def _entries_plan(spark: Any, read: _IndexRead) -> Any:
             for f in delta["fields"]
         }
         base = read.table.path.rstrip("/")
-        rows = spark.read.parquet(*[f"{base}/{unquote(f.path)}" for f in read.files])
+        wanted = [*read.keys, *([IS_CURRENT] if read.current_only else [])]
+        # the columns read, under their physical names (no schema inference from the files)
+        schema = T.StructType(
+            [T.StructField(physical[n], struct[n].dataType, True) for n in wanted]
+        )
+        rows = spark.read.schema(schema).parquet(*[f"{base}/{unquote(f.path)}" for f in read.files])
         columns = [(F.col(quote_column(physical[k])), struct[k].dataType) for k in read.keys]
         if read.current_only:
             rows = rows.where(F.col(quote_column(physical[IS_CURRENT])))
@@ -686,6 +695,10 @@ class IndexWanted:
     keys: tuple[str, ...]
     folder: LakePath
     history: bool = False
+    #: the snapshot's data files when the caller knows them and none has a deletion vector
+    #: (a copy just committed them): an index built is read from them as Parquet, with no
+    #: Spark job over the table's log for its files or its state
+    files: tuple[DataFile, ...] | None = None
 
 
 def mirror_indexes(
@@ -720,11 +733,12 @@ def mirror_indexes(
         if loaded is not None:
             out[i] = loaded
             continue
-        files = w.table.files(w.snapshot)
+        files = w.table.files(w.snapshot) if w.files is None else list(w.files)
         built[i] = files
         every = tuple(range(len(files)))
+        parquet = w.files is not None
         reads.append(
-            _IndexRead(i, w.table, w.snapshot, w.keys, tuple(files), every, False, w.history)
+            _IndexRead(i, w.table, w.snapshot, w.keys, tuple(files), every, parquet, w.history)
         )
     started = time.monotonic()
     entries = _read_entries(spark, reads)
@@ -1401,11 +1415,23 @@ def direct_write(
     union = packed[0]
     for more in packed[1:]:
         union = union.unionByName(more, allowMissingColumns=True)
-    # one writer stage for every table: as many tasks as the session's parallelism (each
-    # writes a file per table it saw), whatever the number of tables
+    # one writer stage for every table: as many tasks as the session's parallelism, whatever
+    # the number of tables, each output's rows in one of them (a file per table and batch,
+    # not one per task: fewer files for the next commits to mark), but for a table with many
+    # changes in the batch, whose rows are spread over all tasks
     tasks = max(1, int(spark.sparkContext.defaultParallelism))
+    spread = [
+        numbers[i] for i, (batch, _, _) in enumerate(items) if batch.overview.changes >= SPREAD
+    ]
+    bucket: Any = F.lit(0)
+    if spread and tasks > 1:
+        out = F.col(OUTPUT_COLUMN)
+        hashes = [F.when(out == F.lit(n), F.hash(F.col(packed_column(n)))) for n in spread]
+        bucket = F.coalesce(F.pmod(F.coalesce(*hashes), F.lit(tasks)), F.lit(0))
     writer = SharedWriter(outputs, layout.location, f"b{items[0][0].batch_id}")
-    written = union.coalesce(tasks).mapInArrow(writer, _WRITTEN_SPARK)
+    written = union.repartition(tasks, F.col(OUTPUT_COLUMN), bucket).mapInArrow(
+        writer, _WRITTEN_SPARK
+    )
     reports: dict[int, list[Mapping[str, Any]]] = {}
     for row in _collect_without_adaptive(spark, written).to_pylist():
         reports.setdefault(int(row["output"]), []).append(row)

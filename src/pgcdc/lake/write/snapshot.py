@@ -100,6 +100,9 @@ class SnapshotResult:
     def __init__(self) -> None:
         self.rows: dict[str, int] = {}
         self.seconds = 0.0
+        #: per (table id, kind): the version the copy committed and its data files, the
+        #: table's only ones (no deletion vectors): what its key index is built from
+        self.files: dict[tuple[str, TableKind], tuple[int, tuple[DataFile, ...]]] = {}
 
 
 def snapshot_rows(
@@ -781,6 +784,7 @@ def write_snapshot(
                 log.debug(
                     "committed %s files to %s as version %s", len(added), output.directory, version
                 )
+                result.files[(table.table_id, output.kind)] = (version, tuple(added))
                 if output.kind == "mirror":
                     result.rows[table.table_id] = count
                 log.info("snapshot of %s %s: %s rows", table.table_id, output.kind, count)
