@@ -26,6 +26,7 @@ from pgcdc.lake.run.catalog import SourcePlan
 from pgcdc.lake.run.failures import FailureRecord
 from pgcdc.lake.run.monitor import BatchEvents, SlotMonitor
 from pgcdc.lake.run.table_set import TableDiscovery
+from pgcdc.lake.store.deltalog import write_checksums
 from pgcdc.lake.store.state import PipelineState, remove_torn_writes
 from pgcdc.lake.store.tables import LakeTable, renamed_columns_option, text_columns_option
 from pgcdc.lake.write.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
@@ -109,6 +110,11 @@ class StreamRunner:
             worker = worker_for(state.stream_app_id)
             if worker is not None:  # a step in flight is cancelled; the table stays as it was
                 worker.stop()
+            # the next start's first commits (and its schema reads) need no table's state
+            # rebuilt from its log
+            clock = time.monotonic()
+            written = write_checksums(pipeline.spark())
+            log.debug("%d checksum files written: %.2f s", written, time.monotonic() - clock)
             monitor.stop()
             if pipeline.heartbeat is not None:
                 pipeline.heartbeat.stop()

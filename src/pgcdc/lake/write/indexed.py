@@ -582,6 +582,9 @@ def _stamped(data_file: DataFile, now: int) -> DataFile:
     return replace(data_file, modification_time=now)
 
 
+#: the most outputs (Delta tables) one Spark job of a batch's shared plan writes
+SHARED_OUTPUTS = 64
+
 #: a Delta table with this many changes in a batch has its rows written by every writer task
 #: (each a file of its own), a smaller one by one task
 SPREAD = 50_000
@@ -1406,35 +1409,42 @@ def direct_write(
             shared.append(SharedOutput(number, table, kind, batch.column, tuple(batch.names)))
         outputs[number] = Output(target, keyed=kind != "changelog")
         plans.append((batch, kind, log_, snapshot, folder, target))
-    if shared:
-        packed.insert(0, shared_rows(items[0][0].changes, shared))
+    # the shared plan in parts of at most SHARED_OUTPUTS outputs, a Spark job each: a plan's
+    # size (and the driver's memory analysing it) grows faster than its outputs
+    jobs = [
+        [shared_rows(items[0][0].changes, shared[at : at + SHARED_OUTPUTS])]
+        for at in range(0, len(shared), SHARED_OUTPUTS)
+    ] or [[]]
+    jobs[0].extend(packed)
     planned = time.monotonic()
     found = mirror_indexes(spark, [w for _, w in wanted], reached)
     indexed_at = time.monotonic()
     indexes = dict(zip([i for i, _ in wanted], found, strict=True))
-    union = packed[0]
-    for more in packed[1:]:
-        union = union.unionByName(more, allowMissingColumns=True)
-    # one writer stage for every table: as many tasks as the session's parallelism, whatever
-    # the number of tables, each output's rows in one of them (a file per table and batch,
-    # not one per task: fewer files for the next commits to mark), but for a table with many
+    # each job's writer stage: as many tasks as the session's parallelism, whatever the
+    # number of tables, each output's rows in one of them (a file per table and batch, not
+    # one per task: fewer files for the next commits to mark), but for a table with many
     # changes in the batch, whose rows are spread over all tasks
     tasks = max(1, int(spark.sparkContext.defaultParallelism))
     spread = [
         numbers[i] for i, (batch, _, _) in enumerate(items) if batch.overview.changes >= SPREAD
     ]
-    bucket: Any = F.lit(0)
-    if spread and tasks > 1:
-        out = F.col(OUTPUT_COLUMN)
-        hashes = [F.when(out == F.lit(n), F.hash(F.col(packed_column(n)))) for n in spread]
-        bucket = F.coalesce(F.pmod(F.coalesce(*hashes), F.lit(tasks)), F.lit(0))
     writer = SharedWriter(outputs, layout.location, f"b{items[0][0].batch_id}")
-    written = union.repartition(tasks, F.col(OUTPUT_COLUMN), bucket).mapInArrow(
-        writer, _WRITTEN_SPARK
-    )
     reports: dict[int, list[Mapping[str, Any]]] = {}
-    for row in _collect_without_adaptive(spark, written).to_pylist():
-        reports.setdefault(int(row["output"]), []).append(row)
+    for parts in jobs:
+        union = parts[0]
+        for more in parts[1:]:
+            union = union.unionByName(more, allowMissingColumns=True)
+        bucket: Any = F.lit(0)
+        mine = [n for n in spread if packed_column(n) in union.columns]
+        if mine and tasks > 1:
+            out = F.col(OUTPUT_COLUMN)
+            hashes = [F.when(out == F.lit(n), F.hash(F.col(packed_column(n)))) for n in mine]
+            bucket = F.coalesce(F.pmod(F.coalesce(*hashes), F.lit(tasks)), F.lit(0))
+        written = union.repartition(tasks, F.col(OUTPUT_COLUMN), bucket).mapInArrow(
+            writer, _WRITTEN_SPARK
+        )
+        for row in _collect_without_adaptive(spark, written).to_pylist():
+            reports.setdefault(int(row["output"]), []).append(row)
     collected = {i: Written.collect(reports.get(n, [])) for i, n in enumerate(numbers)}
     batch_id = items[0][0].batch_id
     if reached is not None:
