@@ -357,3 +357,46 @@ def test_a_replayed_batch_is_skipped_and_a_new_process_reads_the_index(
     assert lake_rows(lake, table, spark) == stream.expected()
     commits = target.commits(3)
     assert all(meta is not None and "index" in meta for _, _, meta in commits[:2])
+
+
+def test_a_new_base_replaces_the_old_one_and_its_segments(tmp_path: Path) -> None:
+    """Once the segments since the base weigh an eighth of it (or 65,536 entries), the index
+    writes a new base and removes the old base and those segments."""
+    import numpy as np
+
+    from pgcdc.lake.store.deltalog import DataFile
+    from pgcdc.lake.store.storage import LakePath
+    from pgcdc.lake.write.keyindex import Entries, IndexChanges, KeyIndex, save_segment
+
+    folder = LakePath.parse(str(tmp_path / "index"))
+    files = [DataFile("a.parquet", 10, 100_000)]
+    n = 100_000
+    keys = np.arange(n, dtype=np.uint64)
+    index = KeyIndex.from_entries(
+        1, files, Entries(keys, keys, np.zeros(n, np.int32), np.arange(n, dtype=np.int64))
+    )
+    index.save_base(folder)
+    version = 1
+    while not index.base_due():
+        version += 1
+        new = DataFile(f"f{version}.parquet", 10, 10_000)
+        at = np.arange(10_000, dtype=np.uint64) + np.uint64(version * 1_000_000)
+        changes = IndexChanges(
+            at,
+            at,
+            np.full(at.size, index.next_file_id(), np.int32),
+            np.arange(at.size),
+            added=(new,),
+            updated=(),
+            removed=(),
+        )
+        token = save_segment(folder, changes)
+        index.add_files(changes.added)
+        index.apply(changes, version)
+        index.segment_saved(token, at.size)
+    assert version == 8  # 70,000 entries: past 65,536
+    assert len([n for n in folder.names() if n.startswith("seg-")]) == 2 * 7
+    index.save_base(folder)
+    assert sorted(folder.names()) == [f"base-{version}.arrow", f"base-{version}.json"]
+    assert len(index) == n + 70_000
+    assert not index.base_due()

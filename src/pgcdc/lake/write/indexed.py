@@ -535,6 +535,9 @@ def commit_indexed(
     if committed == index.version + 1:
         index.add_files(changes.added)
         index.apply(changes, committed)
+        index.segment_saved(token, int(changes.hi.size))
+        if index.base_due():
+            index.save_base(folder)
     else:
         index.version = -1  # a concurrent commit came between: rebuilt before the next use
     return committed

@@ -28,6 +28,7 @@ index is never trusted.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -42,7 +43,7 @@ import pyarrow as pa
 
 from pgcdc.errors import PgcdcError
 from pgcdc.lake.store.deltalog import DataFile, TableLog
-from pgcdc.lake.store.storage import LakePath
+from pgcdc.lake.store.storage import LakePath, StorageError
 from pgcdc.lake.store.tables import LakeLayout, LakeTable, TableKind
 
 __all__ = [
@@ -214,8 +215,11 @@ class KeyIndex:
         self._base = Entries.empty()
         #: recent changes (tombstones included), merged into the base when it grows
         self._recent = Entries.empty()
-        #: the base as last persisted (version), and the segments since
+        #: the base as last persisted (version), and the segments since (their tokens, and
+        #: the entries they hold)
         self.persisted: int | None = None
+        self.segments: list[str] = []
+        self.segment_entries = 0
 
     # -- building --------------------------------------------------------------------------
 
@@ -349,7 +353,9 @@ class KeyIndex:
     # -- the lake --------------------------------------------------------------------------
 
     def save_base(self, folder: LakePath) -> None:
-        """Write the whole index as the base at its version."""
+        """Write the whole index as the base at its version; then remove the base it replaces
+        and the segments since (a process killed in between leaves them: loading takes the
+        newest base, and the vacuum of the index's folder is this)."""
         self.compact()
         hi, lo, file, row = self._base
         table = pa.table([pa.array(hi), pa.array(lo), pa.array(file), pa.array(row)], schema=_ENTRY)
@@ -357,7 +363,28 @@ class KeyIndex:
         files = [f.add_action()["add"] if f is not None else None for f in self._files]
         store.write((folder / f"base-{self.version}.json").key, json.dumps(files).encode())
         store.write((folder / f"base-{self.version}.arrow").key, _ipc(table))
+        old = self.persisted
+        gone = [f"seg-{token}.{ext}" for token in self.segments for ext in ("arrow", "json")]
+        if old is not None and old != self.version:
+            gone += [f"base-{old}.arrow", f"base-{old}.json"]
+        for name in gone:
+            with contextlib.suppress(OSError, StorageError):
+                store.remove((folder / name).key)
         self.persisted = self.version
+        self.segments = []
+        self.segment_entries = 0
+
+    def segment_saved(self, token: str, entries: int) -> None:
+        """A segment of the index's latest commit is in the lake."""
+        self.segments.append(token)
+        self.segment_entries += entries
+
+    def base_due(self) -> bool:
+        """Whether the segments since the base weigh enough beside it to write a new base
+        (they are replayed at each load, and their entries cost the lake's disk twice)."""
+        if self.persisted is None:
+            return False
+        return self.segment_entries > max(_MERGE_MIN, self._base.hi.size // _MERGE_SHARE)
 
 
 def save_segment(folder: LakePath, changes: IndexChanges) -> str:
@@ -415,6 +442,7 @@ def load(folder: LakePath, table: TableLog, latest: int) -> KeyIndex | None:
         changes = IndexChanges.from_bytes(data, spec_bytes)
         index.add_files(changes.added)
         index.apply(changes, commit.version)
+        index.segment_saved(token, int(changes.hi.size))
     return index
 
 
