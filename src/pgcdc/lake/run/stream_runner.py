@@ -95,6 +95,7 @@ class StreamRunner:
             heartbeat=pipeline.heartbeat,
             publication=source.publication,
         )
+        clean = False
         try:
             clock = time.monotonic()
             health = monitor.check()
@@ -105,16 +106,18 @@ class StreamRunner:
             monitor.start()
             found = self._stream(plan, state, until_caught_up, result, on_started, health=health)
             pipeline.raise_fatal()
+            clean = True
             return found
         finally:
             worker = worker_for(state.stream_app_id)
             if worker is not None:  # a step in flight is cancelled; the table stays as it was
                 worker.stop()
             # the next start's first commits (and its schema reads) need no table's state
-            # rebuilt from its log
-            clock = time.monotonic()
-            written = write_checksums(pipeline.spark())
-            log.debug("%d checksum files written: %.2f s", written, time.monotonic() - clock)
+            # rebuilt from its log; a failed run leaves the lake as its last batch did
+            if clean:
+                clock = time.monotonic()
+                written = write_checksums(pipeline.spark())
+                log.debug("%d checksum files written: %.2f s", written, time.monotonic() - clock)
             monitor.stop()
             if pipeline.heartbeat is not None:
                 pipeline.heartbeat.stop()

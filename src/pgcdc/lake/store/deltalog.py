@@ -489,7 +489,7 @@ def write_checksums(spark: Any) -> int:
     commit's time on a local lake); without one, the next process's first commit of each
     table rebuilt the table's state to derive its own (a Spark job a table: 95 s for the
     first batch over 100 tables here), and its start read each table's schema the same way.
-    Called when a run stops and by maintenance beside the batches."""
+    Called when a run stops without a failure."""
     with _TXN_LOCK:
         logs = dict(_COMMITTED)
         done = dict(_CHECKSUMMED)
