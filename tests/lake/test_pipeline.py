@@ -70,7 +70,7 @@ def assert_history_matches_mirror(pipeline: Pipeline, table: LakeTable) -> None:
     for row in versions:  # every closed version ends after it starts
         if row["__end_lsn"] is not None:
             assert row["__end_lsn"] >= row["__start_lsn"]
-            assert row["__end_op"] in ("U", "D", "T")
+            assert row["__end_op"] in ("U", "D", "T", "S")  # S: ended by a resync's copy
         else:
             assert row["__end_op"] is None and row["__is_current"]
 

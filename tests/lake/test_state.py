@@ -26,12 +26,12 @@ def test_a_state_round_trips(tmp_path: Path) -> None:
     )
     save_state(layout, state)
     assert load_state(layout) == state
-    assert json.loads(layout.state_file.local().read_text())["format"] == STATE_FORMAT == 4
+    assert json.loads(layout.state_file.local().read_text())["format"] == STATE_FORMAT == 5
 
 
 def test_a_state_of_the_previous_format_loads_and_keeps_its_phases(tmp_path: Path) -> None:
     """Format 2 (before tables could join or leave a pipeline) reads as a state without
-    phases, and is written as format 3 (which an older pgcdc refuses by name); the phases of
+    phases, and is written as the current format (which an older pgcdc refuses by name); the phases of
     added and removed tables round-trip."""
     layout = LakeLayout(tmp_path / "lake")
     state = PipelineState.new(
@@ -57,7 +57,7 @@ def test_a_state_of_the_previous_format_loads_and_keeps_its_phases(tmp_path: Pat
     again = load_state(layout)
     assert again == added
     assert again.copied_at() == {"public.u": "0/1A2B3C4"}
-    assert json.loads(layout.state_file.local().read_text())["format"] == 4
+    assert json.loads(layout.state_file.local().read_text())["format"] == 5
 
 
 def test_a_lake_of_the_delta_rs_writer_is_refused_with_the_fix(tmp_path: Path) -> None:

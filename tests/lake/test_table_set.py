@@ -250,30 +250,35 @@ def test_a_removed_table_is_kept_and_added_again_is_copied_anew(
     assert rows["shop.audit"]["phase"] == "removed" and not rows["shop.audit"]["mirrored"]
     assert rows["shop.audit"]["exists"] and rows["shop.orders"]["mirrored"]
 
-    # added back, with a new table: their copy fails after the first table's commit (what a
-    # kill between two commits leaves: one table copied, one created empty) ...
+    # added back, with a new table: each one's copy fails after its mirror's commit (what a
+    # kill after the commit leaves), and with on_table_failure = "stop" the run stops ...
     pg.execute("CREATE TABLE shop.audit2 (id int PRIMARY KEY, w text)")
     pg.execute("INSERT INTO shop.audit2 SELECT g, 'b' || g FROM generate_series(1, 20) g")
 
-    class FailAfterFirstTable(RunObserver):
+    class FailAfterTheCommit(RunObserver):
         def snapshot_progress(self, table: str | None, rows: int) -> None:
             if table is not None:
-                raise RuntimeError("injected failure after the copy's first table (tests)")
+                raise RuntimeError("injected failure after the copy's commit (tests)")
 
-    failing = Pipeline(every, spark=spark, observer=FailAfterFirstTable())
-    with pytest.raises(PipelineError, match="the copy of the added tables"):
+    stopping = make_config(
+        pg, lake, [{"name": "shop.*", **note}], lake_options={"on_table_failure": "stop"}
+    )
+    failing = Pipeline(stopping, spark=spark, observer=FailAfterTheCommit())
+    with pytest.raises(PipelineError, match=r"the copy of shop\.audit2? failed"):
         failing.run(until_caught_up=True)
     saved = load_state(failing.layout)
     assert saved is not None and saved.tables == ("shop.orders",)
     phases = saved.phases
     assert (phases["shop.audit"].phase, phases["shop.audit"].attempt) == ("copying", 2)
+    assert phases["shop.audit"].again  # its lake tables replaced in place, never removed
     assert (phases["shop.audit2"].phase, phases["shop.audit2"].attempt) == ("copying", 1)
-    assert set(audit.read().column("v").to_pylist()) == {7}  # copied anew
-    assert DeltaTarget(lake / "shop" / "audit2").version() == 0  # created, never committed
+    assert not phases["shop.audit2"].again
+    assert set(audit.read().column("v").to_pylist()) == {7}  # copied anew: one commit
+    assert audit.version() == kept + 1
     pg.execute("UPDATE shop.audit2 SET w = 'changed' WHERE id <= 5")
 
     # ... and the next start copies again, from scratch, what is still configured, and removes
-    # what the copy left of a table no longer configured
+    # what the copy left of a new table no longer configured
     audit_only = make_config(
         pg, lake, [{"name": "shop.orders", **note}, {"name": "shop.audit", **note}]
     )
@@ -287,7 +292,16 @@ def test_a_removed_table_is_kept_and_added_again_is_copied_anew(
     assert published(pg) == ["shop.audit", "shop.orders"]
     assert not (lake / "shop" / "audit2").exists()
     assert_equal(done)
-    assert commit_kinds(audit) == ["snapshot"]
+    assert commit_kinds(audit) == ["snapshot"] * 3  # the copy, then two copies replacing it
+
+    # by default a failed copy parks its table, and the run goes on without it
+    parking = Pipeline(every, spark=spark, observer=FailAfterTheCommit())
+    parking.run(until_caught_up=True)
+    assert parking.state is not None
+    assert parking.state.phases["shop.audit2"].phase == "parked"
+    assert "the copy of shop.audit2 failed" in str(parking.state.phases["shop.audit2"].reason)
+    assert "pgcdc resync" in str(parking.state.phases["shop.audit2"].reason)
+    Pipeline(audit_only, spark=spark).run(until_caught_up=True)  # audit2 leaves again
 
     # the table whose copy was given up on is added again later like any other; a table
     # created while that run streams joins at the next start, without disturbing it (not even
@@ -295,7 +309,7 @@ def test_a_removed_table_is_kept_and_added_again_is_copied_anew(
     pg.execute("UPDATE shop.audit SET v = v + 1 WHERE id < 5")
     running = Pipeline(every, spark=spark)
     run = background(running).start()
-    assert running.state is not None and running.state.phases["shop.audit2"].attempt == 1
+    assert running.state is not None and running.state.phases["shop.audit2"].attempt == 2
     pg.execute("CREATE TABLE shop.late (id int PRIMARY KEY, n numeric(6, 2), note text)")
     pg.execute("INSERT INTO shop.late SELECT g, g, 'l' FROM generate_series(1, 10) g")
     pg.execute("ALTER TABLE shop.orders ADD COLUMN extra int DEFAULT 1")
@@ -308,7 +322,7 @@ def test_a_removed_table_is_kept_and_added_again_is_copied_anew(
     last = Pipeline(every, spark=spark)
     assert last.run(until_caught_up=True).added_rows == {"shop.late": 10}
     assert_equal(last)
-    assert commit_kinds(audit) == ["snapshot", "batch"]
+    assert commit_kinds(audit)[-2:] == ["snapshot", "batch"]
 
 
 @newest_server

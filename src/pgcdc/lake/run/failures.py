@@ -24,6 +24,7 @@ from pgcdc.lake.store.state import (
     remove_failure_notes,
     save_failure_note,
     save_state,
+    state_lock,
 )
 from pgcdc.replication import scrub_secrets
 
@@ -80,7 +81,7 @@ class FailureRecord:
     def _update(self, change: Callable[[PipelineState], PipelineState | None]) -> None:
         """Apply ``change`` to the state as saved (``pgcdc drop`` may have written it since)
         and save it atomically; ``change`` returns None to leave it as it is."""
-        with self._lock:
+        with self._lock, state_lock():
             current = load_state(self.pipeline.layout) or self.pipeline.state
             if current is None:
                 return

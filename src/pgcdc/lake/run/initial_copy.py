@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,10 +24,11 @@ from pgcdc.lake.diagnosis import diagnose
 from pgcdc.lake.results import PipelineError
 from pgcdc.lake.run.bootstrap import server_identity
 from pgcdc.lake.run.catalog import SourcePlan, ensure_publication
+from pgcdc.lake.run.monitor import Observer
 from pgcdc.lake.run.shape import recorded_shape
 from pgcdc.lake.store.deltalog import TableLog
 from pgcdc.lake.store.state import PipelineState, load_state, save_state
-from pgcdc.lake.store.tables import LakeLayout, LakeTable, text_columns_option
+from pgcdc.lake.store.tables import LakeLayout, LakeTable, TableKind, text_columns_option
 from pgcdc.lake.write.batch import table_column_pairs
 from pgcdc.lake.write.indexed import IndexWanted, mirror_indexes
 from pgcdc.lake.write.keyindex import index_folder
@@ -231,18 +232,23 @@ def copy_in_snapshot(
     version: int,
     failed: str,
     again: str,
+    kinds: Mapping[str, Sequence[TableKind]] | None = None,
+    replace: bool = False,
+    layout: LakeLayout | None = None,
+    observer: Observer | None = None,
 ) -> SnapshotResult:
     """Copy ``tables`` (as the pipeline's publication publishes them: row filters, columns)
     inside ``exported``'s snapshot into their Delta tables, created now
-    (``snapshot.write_snapshot``), each one commit tagged ``(app_id, version)``; the
-    pipeline's observer hears of it. A failure is a ``PipelineError`` saying ``failed``, the
-    cause and ``again`` (what the next start does)."""
+    (``snapshot.write_snapshot``), each one commit tagged ``(app_id, version)``; ``observer``
+    (default the pipeline's) hears of it. A failure is a ``PipelineError`` saying ``failed``,
+    the cause and ``again`` (what the next start does). ``kinds``, ``replace``: see
+    ``write_snapshot``; ``layout``: the lake written to (default the pipeline's)."""
     from pgcdc.spark import snapshot_options, snapshot_reader
 
     config = pipeline.config
     dsn = pipeline.dsn
-    layout = pipeline.layout
-    observer = pipeline.observer
+    layout = pipeline.layout if layout is None else layout
+    observer = pipeline.observer if observer is None else observer
     observer.snapshot_started(len(tables), Lsn(exported.consistent_point))
     options: dict[str, Any] = {}
     partitions = config.stream.snapshot_partitions_per_table
@@ -270,6 +276,8 @@ def copy_in_snapshot(
             generation=version,
             on_progress=observer.snapshot_progress,
             fence=pipeline.lease.check,
+            kinds=kinds,
+            replace=replace,
         )
     except Exception as exc:
         found = diagnose(exc, str(layout.root))

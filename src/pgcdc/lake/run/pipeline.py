@@ -72,6 +72,7 @@ from pgcdc.lake.run.monitor import Observer, RunObserver, SlotMonitor
 from pgcdc.lake.run.shape import recorded_shape, renamed_columns, shape_problem
 from pgcdc.lake.run.stream_runner import StreamRunner
 from pgcdc.lake.run.table_set import TableChanges, TableSet, changes_of
+from pgcdc.lake.run.table_sync import TableSyncs
 from pgcdc.lake.store.delta import (
     delta_settings,
     is_delta_table,
@@ -94,12 +95,20 @@ from pgcdc.lake.store.state import (
     load_state,
     resync_requests,
     run_lock,
-    save_state,
+    update_state,
 )
 from pgcdc.lake.store.storage import Lease
 from pgcdc.lake.store.tables import MIRROR_COLUMNS, LakeLayout, LakeTable
 from pgcdc.lake.store.tables import OLD as CHANGELOG_OLD
-from pgcdc.lake.write.batch import KILL_ENV, KILL_POINTS, PROGRESS, KillAt, Progress
+from pgcdc.lake.write.batch import (
+    KILL_ENV,
+    KILL_POINTS,
+    PROGRESS,
+    SYNC_KILL_POINTS,
+    KillAt,
+    Progress,
+)
+from pgcdc.lake.write.held import held_tables
 from pgcdc.lake.write.schema_evolution import evolve
 from pgcdc.metrics import PipelineMetrics
 from pgcdc.replication import Heartbeat, scrub_secrets, slot_info, source_catalog
@@ -178,13 +187,14 @@ def kill_point() -> KillAt | None:
     if text is None:
         return None
     point, at, batch = text.partition("@")
-    if point not in KILL_POINTS or (at and not batch.isdigit()):
+    if point not in (*KILL_POINTS, *SYNC_KILL_POINTS) or (at and not batch.isdigit()):
         raise ConfigError(
             [
                 (
                     f"${KILL_ENV}",
                     f"{text!r} is no kill point of the tests: unset it (it is for pgcdc's "
-                    f"tests only), or name one of {', '.join(KILL_POINTS)}, with @N to kill "
+                    f"tests only), or name one of {', '.join((*KILL_POINTS, *SYNC_KILL_POINTS))}, "
+                    "with @N to kill "
                     "in batch N or later",
                 )
             ]
@@ -239,6 +249,8 @@ class Pipeline:
         self.lease = Lease()
         #: registers the lake's tables in the catalog while a run runs (``[catalog]``)
         self.registrar: Registrar | None = None
+        #: the copies of tables joining the stream while it runs
+        self.syncs = TableSyncs(self)
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -391,8 +403,7 @@ class Pipeline:
                 "the other tables are not touched)"
             )
         if problems:
-            state = self._park(
-                state,
+            state = self.park(
                 {
                     t: f"{problem}: the lake cannot follow that. Fix: pgcdc resync --config "
                     f"pipeline.toml {t} (copies it anew while the others stream on)"
@@ -421,9 +432,9 @@ class Pipeline:
             if t.table_id in found
         }
         if shapes != {t: state.shapes.get(t) for t in shapes}:
-            state = state.evolve(shapes={**state.shapes, **shapes})
-            save_state(self.layout, state)
-            self.state = state
+            self.state = update_state(
+                self.layout, lambda now: now.evolve(shapes={**now.shapes, **shapes})
+            )
         return found
 
     def _rename_columns(self, table: LakeTable, renames: Mapping[str, str]) -> None:
@@ -463,11 +474,8 @@ class Pipeline:
         """Park ``table_id``, whose value in the stream no lake column holds (``message``: the
         source's ``UnreadableValueError``, which names the column and ``text_columns`` as the
         fix); the stream restarts without it."""
-        state = load_state(self.layout) or self.state
-        assert state is not None
         cause, _, fix = message.partition(". Fix: ")
-        self._park(
-            state,
+        self.park(
             {
                 table_id: f"a value its lake column cannot hold ({cause}). Fix: {fix.rstrip('.')}"
                 f"; then pgcdc resync --config pipeline.toml {table_id} (copies it anew while "
@@ -475,26 +483,32 @@ class Pipeline:
             },
         )
 
-    def _park(self, state: PipelineState, reasons: Mapping[str, str]) -> PipelineState:
+    def park(self, reasons: Mapping[str, str]) -> PipelineState:
         """Stop writing the tables of ``reasons`` (table id -> what happened and the fix):
         parked at the slot's confirmed LSN (the lake has their changes up to there); the
-        others stream on, and the stream leaves the parked ones' changes unread. ``[lake]
-        on_table_failure = "resync"`` copies them anew at once instead (``TableSet``), which
-        needs the stream stopped: the run restarts."""
+        others stream on, and the stream leaves the parked ones' changes unread (from its
+        next query on). ``[lake] on_table_failure = "resync"`` copies them anew at once
+        instead (``TableSet``). Safe from any thread of the run."""
         slot = slot_info(self.dsn, self.config.source.slot)
         at = None if slot is None or slot.confirmed_flush_lsn is None else slot.confirmed_flush_lsn
-        phases: dict[str, TablePhase] = {}
+
+        def parked(state: PipelineState) -> PipelineState:
+            phases: dict[str, TablePhase] = {}
+            for table_id, reason in reasons.items():
+                schema, name = self.layout.split_table_id(table_id)
+                before = state.phases.get(table_id)
+                phases[table_id] = TablePhase(
+                    "parked",
+                    schema if before is None else before.schema,
+                    name if before is None else before.name,
+                    attempt=1 if before is None else before.attempt,
+                    reason=reason,
+                    parked_at=None if at is None else str(at),
+                )
+            return state.unwritten(phases)
+
+        state = self.state = update_state(self.layout, parked)
         for table_id, reason in reasons.items():
-            schema, name = self.layout.split_table_id(table_id)
-            before = state.phases.get(table_id)
-            phases[table_id] = TablePhase(
-                "parked",
-                schema if before is None else before.schema,
-                name if before is None else before.name,
-                attempt=1 if before is None else before.attempt,
-                reason=reason,
-                parked_at=None if at is None else str(at),
-            )
             log.warning(
                 "parked %s at %s: %s",
                 table_id,
@@ -502,9 +516,6 @@ class Pipeline:
                 reason,
                 extra={"table": table_id, "lsn": None if at is None else str(at)},
             )
-        state = state.unwritten(phases)
-        save_state(self.layout, state)
-        self.state = state
         self.metrics.record_error("parked")
         self.metrics.record_tables((), reasons)
         return state
@@ -592,6 +603,9 @@ class Pipeline:
             self.metrics.record_error("pipeline")
             raise
         finally:
+            self.syncs.stop()
+            if self.state is not None:  # nothing of a run's copies outlives it
+                held_tables(self.state.stream_app_id).clear()
             self.metrics.close()
             self.metrics_port = None
             self.observer.finished()

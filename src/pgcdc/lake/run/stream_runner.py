@@ -27,9 +27,10 @@ from pgcdc.lake.run.failures import FailureRecord
 from pgcdc.lake.run.monitor import BatchEvents, SlotMonitor
 from pgcdc.lake.run.table_set import TableDiscovery
 from pgcdc.lake.store.deltalog import write_checksums
-from pgcdc.lake.store.state import PipelineState, remove_torn_writes
+from pgcdc.lake.store.state import PipelineState, load_state, remove_torn_writes
 from pgcdc.lake.store.tables import LakeTable, renamed_columns_option, text_columns_option
 from pgcdc.lake.write.batch import PROGRESS, LakeBatchWriter, Progress, table_column_pairs
+from pgcdc.lake.write.held import held_tables
 from pgcdc.lake.write.maintenance import worker_for
 from pgcdc.lsn import Lsn
 from pgcdc.replication import Heartbeat, SlotHealth, scrub_secrets
@@ -126,6 +127,7 @@ class StreamRunner:
             progress.unsubscribe(self.failures)
             result.batches += progress.batches - batches
             result.changes += progress.changes - changes
+            result.added_rows.update(pipeline.syncs.copied)
 
     def _stream(
         self,
@@ -165,15 +167,22 @@ class StreamRunner:
         options["pauseFile"] = str(pause)
         current = plan
         discovery = None if until_caught_up else TableDiscovery.of(pipeline)
+        syncs = pipeline.syncs
         restarts = 0
+        started = 0  # queries started
         while not pipeline.stopping.is_set():
             if restarts:  # a schema change: the first start checked in drop_gone_columns
                 pipeline.check_shapes(replan=True)
                 # a pattern entry's text_columns may name a column a table gained since
                 current = pipeline.plan or plan
-            state = pipeline.state or state
+            state = load_state(self.layout) or pipeline.state or state
+            pipeline.state = state
+            # the tables being copied beside the stream: what it keeps aside for them is
+            # registered before its first batch
+            syncs.start(current.tables, state)
             writer = self._writer(plan, state)
-            mirrored = {t.table_id for t in writer.tables}
+            # and those whose changes it keeps aside
+            mirrored = {t.table_id for t in writer.tables} | held_tables(state.stream_app_id).ids()
             # of the tables the writer mirrors: a table a replan found since joins at the
             # next start, and the source refuses text columns of a table it does not read
             texts = text_columns_option(t for t in current.tables if t.table_id in mirrored)
@@ -234,17 +243,28 @@ class StreamRunner:
                     "mode": "until caught up" if until_caught_up else "continuous",
                 },
             )
-            if restarts == 0:
+            if started == 0:
                 pipeline.observer.stream_started(start, target, until_caught_up)
-            if on_started is not None and restarts == 0:
+            if on_started is not None and started == 0:
                 on_started(pipeline)
+            started += 1
             error: BaseException | None
             joining: tuple[str, ...] = ()
+            again = False  # the query starts again: a table's copy parked it
             try:
                 while not query.awaitTermination(1):
                     if pipeline.fatal is not None:
                         query.stop()
                         break
+                    if syncs.changed.is_set():
+                        syncs.changed.clear()
+                        fatal = syncs.failure()
+                        if fatal is not None:
+                            pipeline.set_fatal(str(fatal))
+                            query.stop()
+                            break
+                        now_parked = (load_state(self.layout) or state).parked()
+                        again = again or not set(now_parked) <= set(writer.parked)
                     if discovery is not None:
                         joining = discovery.found()
                         if joining:
@@ -255,7 +275,7 @@ class StreamRunner:
                                 ", ".join(joining),
                                 extra={"tables": list(joining)},
                             )
-                    if pipeline.stopping.is_set() or joining:
+                    if pipeline.stopping.is_set() or joining or again:
                         pause.touch()
                         try:
                             _stop_between_batches(query)
@@ -271,7 +291,15 @@ class StreamRunner:
                 pipeline.query = None
             if error is None:
                 self.failures.clear(None)  # if the checkpoint committed the failed batch since
+                if again and not pipeline.stopping.is_set() and not joining:
+                    log.info("the stream starts again without the tables parked since")
+                    continue
                 if until_caught_up:
+                    # the tables copied beside it join what it applied
+                    syncs.wait(pipeline.stopping)
+                    fatal = syncs.failure()
+                    if fatal is not None:
+                        raise fatal
                     self._drain_maintenance(state.stream_app_id)
                     pipeline.drop_gone_columns(every=True)
                 return () if pipeline.stopping.is_set() else joining
@@ -312,7 +340,8 @@ class StreamRunner:
         """The batches' writer: the planned tables the lake mirrors (not the parked ones)."""
         pipeline = self.pipeline
         parked = state.parked()
-        tables = tuple(t for t in plan.tables if t.table_id not in parked)
+        # not those being copied: the stream keeps their changes aside (``held``)
+        tables = tuple(t for t in plan.tables if t.table_id in state.tables)
         pipeline.metrics.record_tables((t.table_id for t in tables), parked)
         return LakeBatchWriter(
             lake=str(self.layout.root),

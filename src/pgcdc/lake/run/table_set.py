@@ -1,67 +1,44 @@
-"""The tables of a running pipeline follow its configuration: at every start that resumes the
-stream, a table added is copied and joins the stream, a table removed leaves it.
+"""The tables of a running pipeline follow its configuration: a table added joins the stream,
+copied while the others stream on; a table removed leaves it.
 
 ``table_changes`` compares the plan (the configured tables as the source has them now) with the
 lake's state: the tables added (to ``[[tables]]``, or created on the source and matched by a
-pattern, or added before and not copied to the end), the tables removed, and unfinished copies
-of tables no longer configured. ``pgcdc run --check`` reports them and changes nothing.
+pattern, or whose copy did not land), the tables removed, and unfinished copies of tables no
+longer configured. ``pgcdc run --check`` reports them and changes nothing.
 
-``TableSet.apply`` runs under the run lock before the stream starts:
+``TableSet.apply`` runs under the run lock, with the stream stopped (before it starts, or
+between two batches when ``TableDiscovery`` found tables while it ran):
 
-1. The publication gains the added tables (with their row filters) and loses the removed ones,
+1. The state records each added table as ``copying`` (the attempt's number, and the stream's
+   next micro-batch, from which the stream keeps its changes aside) before the publication is
+   changed or anything is created; what an earlier attempt left is dropped.
+2. The publication gains the added tables (with their row filters) and loses the removed ones,
    in one transaction, when pgcdc created it (``catalog.ensure_publication``); a publication
    someone else made is never changed: it must publish what ``[[tables]]`` asks for.
-2. A removed table leaves the state's ``tables`` and is recorded ``removed`` (``TablePhase``):
+3. A removed table leaves the state's ``tables`` and is recorded ``removed`` (``TablePhase``):
    its Delta tables are kept and no longer written; ``pgcdc status`` lists them so. Changes of
    it the stream still reads (committed before the publication dropped it) are ignored.
-3. The added tables are copied the way PostgreSQL's subscriber synchronises a table added to
-   its publication (``tablesync.c``), all of them in one copy:
 
-   a. the state records each as ``copying`` (the attempt's number) before the publication is
-      changed or anything is created, so that a start that finds one so (a kill -9 at any
-      point) removes what that copy left (its Delta tables and key indexes, nothing else) and
-      copies it again; a table added again after it was removed is copied anew the same way;
-   b. a temporary slot is created with an exported snapshot, at consistent point X; the tables
-      are copied in that snapshot as the initial copy copies (``initial_copy``: mirror,
-      history and changelog as configured, their shapes as of the snapshot, key indexes);
-   c. the state records each as ``streaming`` from X (``copied_at``) and among ``tables``;
-      then the temporary slot is dropped (it lives as long as its connection: a killed run
-      leaves none behind).
-
-   A table that changed its columns during the copy makes it copy again (``copy_attempts``).
-
-The same copy takes a table anew: one ``pgcdc resync`` asked for (``state.request_resync``),
-or a parked one with ``[lake] on_table_failure = "resync"`` (``Pipeline.check_shapes`` parks a
-table whose DDL the lake cannot follow); its old Delta tables are removed first. A running
-``pgcdc run`` looks for such tables, and for new ones patterns match, while it streams
-(``TableDiscovery``), and stops its stream between two batches to copy them.
-
-The handover has no gap and no duplicate. The stream resumes at the main slot's confirmed LSN
-(before X) and applies an added table's changes committed at X or later, and only those
-(``batch.skip_copied``): the snapshot exported at X holds exactly the transactions whose commit
-record starts before X. And the main slot sends every one of those changes: a slot becomes
-consistent only once the transactions running when it was created have ended, and the
-temporary slot was created after the publication gained the table, so every transaction
-committed at X or later began after that, and is decoded with the table published (the changes
-of a transaction that overlapped the ``ALTER PUBLICATION``, which PostgreSQL's decoding has
-had bugs with, all commit before X and are in the copy). The other tables' Delta tables are not
-touched.
+The stream then starts again, and each added table is copied beside it and handed over to it
+(``pgcdc.lake.run.table_sync``, which states the handover's rule). The same copy takes a table
+anew: one ``pgcdc resync`` asked for (``state.request_resync``), a parked one with ``[lake]
+on_table_failure = "resync"``, a removed one added back; its Delta tables are kept as they are
+until its copy lands (``pgcdc.lake.write.landing``). A running ``pgcdc run`` looks for such
+tables, and for new ones patterns match, while it streams (``TableDiscovery``).
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from pgcdc.errors import PgcdcError
 from pgcdc.lake.results import PipelineError
 from pgcdc.lake.run.catalog import SourcePlan, ensure_publication
-from pgcdc.lake.run.initial_copy import build_indexes, copy_attempts, copy_in_snapshot, shapes_at
+from pgcdc.lake.run.table_sync import SYNC_PHASES, next_batch
 from pgcdc.lake.store.state import (
     PipelineState,
     TablePhase,
@@ -72,8 +49,9 @@ from pgcdc.lake.store.state import (
     save_state,
 )
 from pgcdc.lake.store.tables import LakeLayout, LakeTable, TableKind
+from pgcdc.lake.write.held import held_folder
 from pgcdc.lake.write.snapshot import remove_tables
-from pgcdc.replication import create_slot_with_snapshot, scrub_secrets
+from pgcdc.replication import scrub_secrets
 
 if TYPE_CHECKING:
     from pgcdc.lake.config import PipelineConfig
@@ -135,19 +113,22 @@ def table_changes(
     planned = {t.table_id for t in plan.tables}
     mirrored = set(state.tables)
     parked = set(state.parked())
+    # a copy that landed goes on catching up (``table_sync``); one that did not is done again
+    landed = {t for t, p in state.phases.items() if p.phase == "catching-up"}
     again = set(resync) | (parked if resync_parked else set())
     return TableChanges(
         added=tuple(
             t
             for t in plan.tables
-            if t.table_id in again or (t.table_id not in mirrored and t.table_id not in parked)
+            if t.table_id in again
+            or (t.table_id not in mirrored and t.table_id not in parked | landed)
         ),
         removed=tuple(sorted((mirrored | parked) - planned)),
         unfinished=tuple(
             sorted(
                 table_id
                 for table_id, phase in state.phases.items()
-                if phase.phase == "copying" and table_id not in planned
+                if phase.phase in SYNC_PHASES and table_id not in planned
             )
         ),
     )
@@ -175,7 +156,8 @@ class TableDiscovery:
     catalog, as a start plans it); every ``REQUESTS_INTERVAL`` seconds, the tables ``pgcdc
     resync`` asked to copy anew, and parked tables when ``[lake] on_table_failure`` is
     "resync". Found, they join the way a start adds tables: the stream stops between two
-    batches, ``TableSet.apply`` copies them, the stream resumes (``pipeline.Pipeline``)."""
+    batches, ``TableSet.apply`` records them and changes the publication, and the stream
+    starts again while they are copied beside it (``pipeline.Pipeline``)."""
 
     #: seconds between two looks for ``pgcdc resync``'s requests (a listing of a folder)
     REQUESTS_INTERVAL = 5.0
@@ -236,7 +218,10 @@ class TableSet:
 
     def apply(self, plan: SourcePlan, state: PipelineState, result: RunResult) -> PipelineState:
         """The lake's state once the tables ``plan`` adds (or ``pgcdc resync`` asks for) are
-        copied and the ones it removes are left; the state as it was when nothing changes."""
+        recorded as being copied, the publication gains them, and the ones it removes are
+        left; the state as it was when nothing changes. The copies themselves run beside the
+        stream (``pgcdc.lake.run.table_sync``): called with the stream stopped, before it
+        starts again."""
         requests = resync_requests(self.layout)
         changes = changes_of(self.pipeline.config, state, plan, requests)
         if not changes and not plan.publication_add and not plan.publication_drop:
@@ -244,31 +229,53 @@ class TableSet:
             return state
         self._refuse_unknown_folders(changes.added, state)
         if changes.unfinished:
-            remove_tables(
-                self.layout,
-                [_table(state.phases[table_id]) for table_id in changes.unfinished],
-                self.pipeline.lease.check,
-            )
+            gone = [_table(state.phases[table_id]) for table_id in changes.unfinished]
+            unwritten = [t for t in gone if not state.phases[t.table_id].again]
+            remove_tables(self.layout, unwritten, self.pipeline.lease.check)
+            for table in gone:
+                held_folder(self.layout, table).remove_tree()
         phases = {k: v for k, v in state.phases.items() if k not in changes.unfinished}
+        first = next_batch(self.layout, state)
         for table in changes.added:  # before anything of the copy is created
             before = phases.get(table.table_id)
             attempt = 1 if before is None else before.attempt + 1
             phases[table.table_id] = TablePhase(
-                "copying", table.schema, table.name, attempt=attempt
+                "copying",
+                table.schema,
+                table.name,
+                attempt=attempt,
+                from_batch=first,
+                again=self._again(table, state, before),
             )
-        # a table copied anew (pgcdc resync) is not written until its copy lands: a start
-        # after a kill in between copies it again instead of writing a half-copied table
+        # a table copied anew (pgcdc resync) is not written by the stream until its copy lands
+        # and what the stream kept aside meanwhile is applied
         again = {t.table_id for t in changes.added}
         state = state.evolve(phases=phases, tables=tuple(t for t in state.tables if t not in again))
         save_state(self.layout, state)
+        for table in changes.added:  # what earlier attempts kept aside
+            held_folder(self.layout, table).remove_tree()
         ensure_publication(self.dsn, self.config, plan)
         if changes.removed:
             state = self._remove(state, changes.removed)
             result.removed = changes.removed
         if changes.added:
-            state = self._add(plan, changes.added, state, result)
+            log.info(
+                "copying %s while the stream runs (their changes are kept aside from batch %s "
+                "until their copy lands)",
+                ", ".join(t.table_id for t in changes.added),
+                first,
+                extra={"tables": [t.table_id for t in changes.added], "batch": first},
+            )
         resync_done(requests, list(requests))
         return state
+
+    def _again(self, table: LakeTable, state: PipelineState, before: TablePhase | None) -> bool:
+        """Whether ``table`` is copied anew over Delta tables of a copy that landed (kept
+        until the new one lands), rather than into new ones."""
+        if before is not None and before.phase == "copying":
+            return before.again
+        written = table.table_id in state.tables or before is not None
+        return written and (table.path(self.layout, "mirror") / "_delta_log").is_dir()
 
     def _refuse_unknown_folders(self, added: Sequence[LakeTable], state: PipelineState) -> None:
         """An added table the state knows nothing of, with something at one of its lake paths
@@ -293,109 +300,6 @@ class TableSet:
             ", ".join(removed),
             extra={"tables": list(removed)},
         )
-        return state
-
-    def _add(
-        self,
-        plan: SourcePlan,
-        added: Sequence[LakeTable],
-        state: PipelineState,
-        result: RunResult,
-    ) -> PipelineState:
-        """Copy ``added`` in a temporary slot's snapshot; again with a new plan when a table
-        changed its columns while it ran."""
-        tables = list(added)
-
-        def again(_attempt: int) -> None:
-            nonlocal tables, state
-            replanned = self.pipeline.replan()
-            wanted = {t.table_id for t in tables}
-            tables = [t for t in replanned.tables if t.table_id in wanted]
-            state = load_state(self.layout) or state
-            phases = dict(state.phases)
-            for table in tables:
-                before = phases[table.table_id]
-                phases[table.table_id] = replace(before, attempt=before.attempt + 1, since=now())
-            state = state.evolve(phases=phases)
-            save_state(self.layout, state)
-
-        return copy_attempts(
-            lambda: self._copy(tables, state, result), again, "the copy of the added tables"
-        )
-
-    def _copy(
-        self, tables: Sequence[LakeTable], state: PipelineState, result: RunResult
-    ) -> PipelineState:
-        pipeline = self.pipeline
-        source = self.config.source
-        spark = pipeline.spark()
-        ids = [t.table_id for t in tables]
-        # what an earlier attempt left, or the old lake tables of a table added again
-        remove_tables(self.layout, tables, pipeline.lease.check)
-        started = time.monotonic()
-        # temporary: dropped with its connection, whatever ends this run
-        name = f"pgcdc_add_{secrets.token_hex(6)}"
-        with create_slot_with_snapshot(
-            self.dsn, name, temporary=True, connect_timeout=source.connect_timeout
-        ) as exported:
-            started_at = datetime.now(UTC)
-            point = str(exported.consistent_point)
-            log.info(
-                "copying the added tables %s at %s (temporary slot %s)",
-                ", ".join(ids),
-                point,
-                name,
-                extra={"tables": ids, "lsn": point, "slot": name},
-            )
-            shapes = shapes_at(self.dsn, exported.snapshot_name, tables)
-            attempt = max(state.phases[t].attempt for t in ids)
-            copied = copy_in_snapshot(
-                pipeline,
-                exported,
-                tables,
-                started_at=started_at,
-                app_id=state.added_app_id,
-                version=attempt,
-                failed=f"the copy of the added tables {', '.join(ids)} failed",
-                again=(
-                    "the next start copies them again (or remove them from [[tables]] to "
-                    "stream the others)"
-                ),
-            )
-            phases = dict(state.phases)
-            for table_id in ids:
-                phases[table_id] = replace(
-                    phases[table_id],
-                    phase="streaming",
-                    since=now(),
-                    copied_at=point,
-                    copy_started_at=started_at.isoformat(),
-                    rows=copied.rows.get(table_id, 0),
-                )
-            state = state.evolve(
-                tables=tuple(sorted({*state.tables, *ids})),
-                phases=phases,
-                shapes={**state.shapes, **shapes},
-            )
-            save_state(self.layout, state)
-        if self.config.lake.write == "indexed":
-            build_indexes(spark, self.layout, tables, copied)
-        seconds = time.monotonic() - started
-        result.added_rows = dict(copied.rows)
-        log.info(
-            "added %s tables: %s rows copied at %s in %.1f s",
-            len(ids),
-            sum(copied.rows.values()),
-            point,
-            seconds,
-            extra={
-                "tables": ids,
-                "rows": sum(copied.rows.values()),
-                "lsn": point,
-                "seconds": round(seconds, 3),
-            },
-        )
-        pipeline.observer.snapshot_finished(sum(copied.rows.values()), seconds)
         return state
 
 

@@ -47,6 +47,7 @@ import logging
 import os
 import stat
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -83,22 +84,26 @@ __all__ = [
     "run_lock",
     "save_failure_note",
     "save_state",
+    "state_lock",
+    "update_state",
 ]
 
 log = logging.getLogger("pgcdc.lake")
 
-#: 4: parked tables (``TablePhase.reason``); 3: ``phases`` (tables added or removed after the
-#: initial copy); 2: the lake's tables are written by Delta's Spark connector (deletion
-#: vectors, column mapping); 1 was delta-rs's copy-on-write tables, which this version does not
-#: write to. A format 2 or 3 state reads as one without what came later (and is written as 4
-#: from then on: an older pgcdc then refuses it by name)
-STATE_FORMAT = 4
+#: 5: tables copied while the others stream (``TablePhase.from_batch``, the ``catching-up``
+#: phase); 4: parked tables (``TablePhase.reason``); 3: ``phases`` (tables added or removed
+#: after the initial copy); 2: the lake's tables are written by Delta's Spark connector
+#: (deletion vectors, column mapping); 1 was delta-rs's copy-on-write tables, which this
+#: version does not write to. A format 2 to 4 state reads as one without what came later (and
+#: is written as 5 from then on: an older pgcdc then refuses it by name)
+STATE_FORMAT = 5
 #: the formats this version reads
-READABLE_FORMATS = (2, 3, 4)
+READABLE_FORMATS = (2, 3, 4, 5)
 
-#: ``TablePhase.phase``: being copied, streamed since its copy, left the configuration, no
-#: longer written because of ``reason`` (since ``parked_at``)
-TablePhaseName = Literal["copying", "streaming", "removed", "parked"]
+#: ``TablePhase.phase``: being copied (the stream keeps its changes aside meanwhile), copied
+#: and having the changes kept aside applied, streamed since its copy, left the
+#: configuration, no longer written because of ``reason`` (since ``parked_at``)
+TablePhaseName = Literal["copying", "catching-up", "streaming", "removed", "parked"]
 
 
 class StateError(PgcdcError, RuntimeError):
@@ -150,6 +155,13 @@ class TablePhase:
     #: its changes up to there)
     reason: str | None = None
     parked_at: str | None = None
+    #: a table copied while the stream runs (``copying``, ``catching-up``): the first
+    #: micro-batch whose changes of it the stream kept aside (``pgcdc.lake.write.held``); its
+    #: Delta tables hold no batch of the stream from there on until they are caught up
+    from_batch: int | None = None
+    #: copied anew over Delta tables it had (``pgcdc resync``): they are replaced when the copy
+    #: lands, not removed before
+    again: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +402,33 @@ def load_state(layout: LakeLayout) -> PipelineState | None:
             f"{path} is not a pgcdc pipeline state ({type(exc).__name__}): restore it, or "
             "start a new lake"
         ) from None
+
+
+#: held while a state is read, changed and written again (``update_state``): a run's threads
+#: (the stream's batches, a table's copy, the failure records) each change their part
+_STATE_LOCK = threading.RLock()
+
+
+@contextmanager
+def state_lock() -> Iterator[None]:
+    """Held around a load, change and save of the state that other threads of this run may
+    change at the same time."""
+    with _STATE_LOCK:
+        yield
+
+
+def update_state(
+    layout: LakeLayout, change: Callable[[PipelineState], PipelineState]
+) -> PipelineState:
+    """The state saved as ``change`` makes the one saved now (read, changed and written under
+    ``state_lock``, so that no other thread's change is lost)."""
+    with _STATE_LOCK:
+        state = load_state(layout)
+        if state is None:
+            raise StateError(f"{layout.state_file} is gone: the pipeline's state was removed")
+        state = change(state)
+        save_state(layout, state)
+        return state
 
 
 def save_state(layout: LakeLayout, state: PipelineState) -> None:

@@ -54,6 +54,7 @@ from pgcdc.lake.write.changes import (
     resolve_unchanged,
     table_events,
 )
+from pgcdc.lake.write.held import HeldTable, held_tables, keep_rows
 from pgcdc.lake.write.indexed import direct_write
 from pgcdc.lake.write.maintenance import Maintenance, worker_for
 from pgcdc.lake.write.mirror import inserted_only
@@ -65,7 +66,9 @@ from pgcdc.lake.write.sink import SINKS, TableBatch
 from pgcdc.lsn import Lsn
 
 __all__ = [
+    "KILL_POINTS",
     "PROGRESS",
+    "SYNC_KILL_POINTS",
     "BatchListener",
     "LakeBatchWriter",
     "Progress",
@@ -94,6 +97,10 @@ KILL_ENV = "PGCDC_TEST_KILL_AT"
 #: Spark job read it), not yet saved or used; the histories' ended versions copied, not
 #: committed
 KILL_POINTS = ("data-files", "index-segment", "between-commits", "index-rebuild", "closed-copies")
+#: The points of a table's copy beside the stream (``pgcdc.lake.run.table_sync``) where a
+#: ``KILL_ENV`` run SIGKILLs itself: the copy landed, nothing kept aside applied yet; the last
+#: changes kept aside applied, the table not yet recorded as streamed
+SYNC_KILL_POINTS = ("sync-landed", "sync-caught-up")
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -201,6 +208,9 @@ class LakeBatchWriter:
     copied_at: tuple[tuple[str, int], ...] = ()
     #: the parked tables (their changes are not written; ``pgcdc resync`` brings them back)
     parked: tuple[str, ...] = ()
+    #: applies changes kept aside for a table copied beside the stream (``held``), not a batch
+    #: of the stream: the stream's held tables are not this writer's concern
+    catch_up: bool = False
 
     def _paths(self, table: LakeTable) -> dict[TableKind, str]:
         layout = LakeLayout(LakePath.parse(self.lake).location)
@@ -218,17 +228,42 @@ class LakeBatchWriter:
         progress.record(result)
 
     def apply(self, df: Any, batch_id: int) -> BatchResult:
+        if self.catch_up:
+            return self._apply_batch(df, batch_id, ())
+        held = held_tables(self.app_id)
+        with held.batch():  # a table's switch from kept aside to written waits for the end
+            joined = [e for e in held.direct() if e.table_id not in self._ids()]
+            writer = self
+            if joined:  # copied beside the stream and caught up since this query started
+                writer = dataclasses.replace(
+                    self,
+                    tables=(*self.tables, *(e.table for e in joined)),
+                    table_columns=(*self.table_columns, *((e.table_id, e.column) for e in joined)),
+                    copied_at=(
+                        *self.copied_at,
+                        *((e.table_id, e.copied_at) for e in joined if e.copied_at is not None),
+                    ),
+                )
+            return writer._apply_batch(df, batch_id, held.held())
+
+    def _ids(self) -> set[str]:
+        return {t.table_id for t in self.tables}
+
+    def _apply_batch(self, df: Any, batch_id: int, held: Sequence[HeldTable]) -> BatchResult:
         started = time.monotonic()
         result = BatchResult(batch_id)
         columns = dict(self.table_columns)
-        known = {t.table_id for t in self.tables}
+        columns.update((e.table_id, e.column) for e in held)
+        known = self._ids()
         written: list[tuple[str, str]] = []  # (name, path), for maintenance after the batch
         worker = None if self.maintenance is None else worker_for(self.app_id, self.maintenance)
         df = skip_copied(df, self.copied_at).persist(cache_level())
         with contextlib.ExitStack() as stack:
             if worker is not None:  # no vacuum of short retention while the batch writes
                 stack.enter_context(worker.gate.batch())
-            self._apply(df, batch_id, result, columns=columns, known=known, written=written)
+            self._apply(
+                df, batch_id, result, columns=columns, known=known, written=written, held=held
+            )
         result.seconds = time.monotonic() - started
         result.finished_at = time.time()
         log.info(
@@ -261,6 +296,7 @@ class LakeBatchWriter:
         columns: dict[str, str],
         known: set[str],
         written: list[tuple[str, str]],
+        held: Sequence[HeldTable] = (),
     ) -> None:
         try:
             clock = time.monotonic()
@@ -278,7 +314,18 @@ class LakeBatchWriter:
                 ):
                     if n:
                         result.per_op[(t, op)] = n
-            unknown = sorted(set(overview.tables) - known - set(self.parked))
+            for entry in held:  # before the batch ends: the slot may advance past it then
+                if entry.table_id in overview.tables:
+                    keep_rows(df, entry, batch_id)
+                    log.debug(
+                        "batch %s: %s changes of %s kept aside while it is copied",
+                        batch_id,
+                        overview.tables[entry.table_id].changes,
+                        entry.table_id,
+                    )
+                entry.last_batch = max(entry.last_batch, batch_id)
+            kept = {e.table_id for e in held}
+            unknown = sorted(set(overview.tables) - known - set(self.parked) - kept)
             if unknown:
                 log.warning(
                     "batch %s has changes of tables the pipeline does not mirror (%s): "

@@ -32,7 +32,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -78,6 +78,7 @@ from pgcdc.lsn import Lsn
 __all__ = [
     "DICTIONARY_SAMPLE",
     "DICTIONARY_SHARE",
+    "Incompatible",
     "SnapshotOutput",
     "SnapshotResult",
     "SnapshotTask",
@@ -608,15 +609,26 @@ def physical_schema(directory: str, schema: pa.Schema) -> pa.Schema:
     return pa.schema(list(physical))
 
 
+class Incompatible(RuntimeError):
+    """A Delta table the copy would replace whose columns' types differ from the copy's: its
+    files cannot be replaced in place (``snapshot_outputs`` with ``replace``)."""
+
+
 def snapshot_outputs(
     spark: Any,
     reader: Any,
     layout: LakeLayout,
     tables: Sequence[LakeTable],
     table_columns: dict[str, str],
+    *,
+    kinds: Mapping[str, Sequence[TableKind]] | None = None,
+    replace: bool = False,
 ) -> dict[int, tuple[SnapshotOutput, ...]]:
     """Each copied table's outputs (by relid), its Delta tables created (empty) by Delta's
-    Spark connector in the schemas ``snapshot_struct`` gives."""
+    Spark connector in the schemas ``snapshot_struct`` gives. ``kinds``: the Delta tables to
+    write of each table (by id; default all of its own). ``replace``: the Delta tables exist
+    and the copy replaces their rows (``write_snapshot``): columns they lack are added first
+    (Delta's schema evolution); a column of another type raises ``Incompatible``."""
     from pyspark.sql import types as T
 
     source = reader.schema
@@ -633,16 +645,20 @@ def snapshot_outputs(
                 "read the source without timeAsTime and jsonAsVariant"
             )
         found = []
-        for kind in table.kinds():
+        wanted = table.kinds() if kinds is None else tuple(kinds.get(table.table_id, ()))
+        for kind in wanted:
             directory = str(table.path(layout, kind))
             struct = snapshot_struct(source, column, kind, multiset=table.multiset)
-            create_table(
-                spark,
-                directory,
-                struct,
-                stats_columns=table.stats_columns(kind),
-                what=f"{table.table_id} {kind}",
-            )
+            if replace:
+                _widen_for_copy(spark, directory, struct, f"{table.table_id} {kind}")
+            else:
+                create_table(
+                    spark,
+                    directory,
+                    struct,
+                    stats_columns=table.stats_columns(kind),
+                    what=f"{table.table_id} {kind}",
+                )
             schema = arrow_schema(struct)
             physical = physical_schema(directory, schema)
             names = dict(zip(schema.names, physical.names, strict=True))
@@ -659,6 +675,25 @@ def snapshot_outputs(
             )
         outputs[relids[table.table_id]] = tuple(found)
     return outputs
+
+
+def _widen_for_copy(spark: Any, directory: str, struct: Any, what: str) -> None:
+    """Make the Delta table at ``directory`` take files of the copy's ``struct``: the columns
+    it lacks added (no file rewritten); ``Incompatible`` when a column it has is of another
+    type (its files could not be read under one schema)."""
+    from pgcdc.lake.store.delta import plain_type, table_schema
+    from pgcdc.lake.write.schema_evolution import evolve
+
+    stored = {f.name: f.dataType for f in table_schema(spark, directory).fields}
+    for field in struct.fields:
+        have = stored.get(field.name)
+        if have is not None and plain_type(have) != plain_type(field.dataType):
+            raise Incompatible(
+                f"{what}: column {field.name} is {have.simpleString()} in the lake and "
+                f"{field.dataType.simpleString()} in the source"
+            )
+    if any(f.name not in stored for f in struct.fields):
+        evolve(spark, directory, struct, drop_missing=False, what=what)
 
 
 def _run(spark: Any, task: SnapshotTask) -> list[Any]:
@@ -724,18 +759,27 @@ def write_snapshot(
     generation: int,
     on_progress: Callable[[str | None, int], None] | None = None,
     fence: Callable[[], None] | None = None,
+    kinds: Mapping[str, Sequence[TableKind]] | None = None,
+    replace: bool = False,
 ) -> SnapshotResult:
     """Copy every table of ``reader`` (``pgcdc.spark.snapshot_reader``) into the lake.
 
     ``on_progress`` (progress displays) is called with ``(None, rows read)`` once the copy is
     read, then with ``(table id, mirror rows)`` as each table is committed. ``fence`` raises
-    when this process may no longer write the lake: called before each commit."""
+    when this process may no longer write the lake: called before each commit. ``kinds``:
+    the Delta tables of each table to write (default all). ``replace``: the Delta tables
+    exist, and each commit replaces every row they had with the copy's (its files removed,
+    the copy's added, one commit: a reader sees the old rows or the copy, never a part);
+    ``Incompatible`` when one's columns are of other types (nothing is written then)."""
     result = SnapshotResult()
     started = time.monotonic()
     try:
-        outputs = snapshot_outputs(spark, reader, layout, tables, table_columns)
+        outputs = snapshot_outputs(
+            spark, reader, layout, tables, table_columns, kinds=kinds, replace=replace
+        )
     except BaseException as exc:
-        _remove_after(exc, layout, tables, fence)  # those created before the one that failed
+        if not replace:  # those created before the one that failed
+            _remove_after(exc, layout, tables, fence)
         raise
     partitions = tuple(reader.partitions())
     tag = f"s{generation}-{uuid.uuid4().hex[:8]}"
@@ -767,9 +811,11 @@ def write_snapshot(
                     for r in written
                 ]
                 table_log = TableLog(spark, str(output.directory))
+                snapshot = table_log.snapshot()
+                replaced = table_log.files(snapshot) if replace else []
                 version = table_log.commit(
-                    [f.add_action() for f in added],
-                    snapshot=table_log.snapshot(),
+                    [*(f.remove_action(now) for f in replaced), *(f.add_action() for f in added)],
+                    snapshot=snapshot,
                     session=spark,
                     app_id=app_id,
                     txn_version=generation,
@@ -779,6 +825,7 @@ def write_snapshot(
                         "consistent_point": str(consistent_point),
                         "rows": count,
                         "files": len(written),
+                        **({"replaced": len(replaced)} if replace else {}),
                     },
                 )
                 log.debug(
@@ -793,7 +840,7 @@ def write_snapshot(
     except BaseException as exc:
         _wait_for_tasks(spark)
         _remove_files_until_quiet(directories, tag, committed)
-        if not committed:  # the tables are still empty: a failed copy leaves nothing behind
+        if not committed and not replace:  # still empty: a failed copy leaves nothing behind
             _remove_after(exc, layout, tables, fence)
         raise
     _remove_files(directories, tag, committed)  # of task attempts that failed and were retried
