@@ -45,7 +45,8 @@ fuzz: setup
 
 # Benchmarks (never part of `make test`; they never fail on speed). BENCH_SCALE=0.05 for a
 # quick run; results, README.md table and bench.png in bench-results/.
-.PHONY: bench-catchup bench-snapshot bench-memory bench-latency bench-scale bench-wide bench-report
+.PHONY: bench-catchup bench-snapshot bench-memory bench-latency bench-scale bench-wide \
+	bench-lifecycle bench-report
 BENCH_ARGS ?=
 
 bench: setup
@@ -76,6 +77,11 @@ bench-scale: setup
 # native subscriber; BENCH_ARGS="--tables 10,100,500" adds 500 tables (at scale 1)
 bench-wide: setup
 	$(PY) -m tools.bench.wide $(BENCH_ARGS)
+
+# A 1M-row table added to a running pipeline while 2,000 changes/s stream into ten others
+# (issue 43): its copy beside the offline copy, the others' latency before and during it
+bench-lifecycle: setup
+	$(PY) -m tools.bench.lifecycle $(BENCH_ARGS)
 
 bench-report:
 	$(PY) -m tools.bench.report

@@ -41,6 +41,7 @@ def spark() -> Iterator[SparkSession]:
                 "spark.python.worker.reuse": "true",
                 # as pipelines run local sessions (pgcdc.lake.run.pipeline.session_conf)
                 "spark.sql.adaptive.enabled": "false",
+                "spark.scheduler.mode": "FAIR",
                 # one JVM for the hundreds of lakes of a test session (Delta caches each
                 # table's log for an hour): more heap than one pipeline's
                 "spark.driver.memory": "2g",

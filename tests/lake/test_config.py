@@ -160,10 +160,12 @@ def test_session_conf_defaults_what_spark_conf_leaves_out(tmp_path: Path) -> Non
     512 MiB driver ran out of heap persisting a 540 MB transaction in Spark's 10,000-row
     batches), its Java serializer streams forget each object after it (a reader of the cached
     batch held 100), and a sort's spill readers do not read ahead (some 80 of them held
-    250 MiB of a 512 MiB heap), unless [spark.conf] says otherwise; [spark] driver_host is a
-    default too."""
+    250 MiB of a 512 MiB heap), and jobs are scheduled fairly (a table copied beside the
+    stream shares the cores with its batches), unless [spark.conf] says otherwise; [spark]
+    driver_host is a default too."""
     from pgcdc.lake.run.pipeline import (
         CACHE_BATCH_ROWS_KEY,
+        SCHEDULER_MODE_KEY,
         SPILL_READ_AHEAD_KEY,
         STREAM_RESET_KEY,
         session_conf,
@@ -175,6 +177,7 @@ def test_session_conf_defaults_what_spark_conf_leaves_out(tmp_path: Path) -> Non
     assert conf[CACHE_BATCH_ROWS_KEY] == "1000"
     assert conf[STREAM_RESET_KEY] == "1"
     assert conf[SPILL_READ_AHEAD_KEY] == "false"
+    assert conf[SCHEDULER_MODE_KEY] == "FAIR"
     assert conf["spark.executor.memory"] == "2g"
     assert "spark.driver.host" not in conf
     path.write_text(

@@ -31,8 +31,8 @@ def test_a_state_round_trips(tmp_path: Path) -> None:
 
 def test_a_state_of_the_previous_format_loads_and_keeps_its_phases(tmp_path: Path) -> None:
     """Format 2 (before tables could join or leave a pipeline) reads as a state without
-    phases, and is written as the current format (which an older pgcdc refuses by name); the phases of
-    added and removed tables round-trip."""
+    phases, and is written as the current format (which an older pgcdc refuses by name); the
+    phases of added and removed tables round-trip."""
     layout = LakeLayout(tmp_path / "lake")
     state = PipelineState.new(
         system_identifier="1", database="db", slot="s", publication="p", tables=("public.t",)

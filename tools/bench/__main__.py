@@ -1,7 +1,8 @@
 """`make bench` / ``python -m tools.bench``: every benchmark, then the report.
 
-Runs decode, catch-up, snapshot, memory, latency, scale and wide one after another (each in its
-own process, with its own throwaway servers and Spark), then ``tools.bench.report``. A benchmark
+Runs decode, catch-up, snapshot, memory, latency, scale, wide and lifecycle one after another
+(each in its own process, with its own throwaway servers and Spark), then
+``tools.bench.report``. A benchmark
 that fails is reported and the others still run; the exit code is 0 either way (benchmarks
 never fail CI). ``--only`` picks some; ``--scale`` (or ``BENCH_SCALE``) is passed to all but
 decode, whose recorded stream has a fixed size; ``--scale-for name=factor`` overrides the scale
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 
 from tools.bench.harness import ROOT, add_common_arguments
 
-ORDER = ("decode", "catchup", "snapshot", "memory", "latency", "scale", "wide")
+ORDER = ("decode", "catchup", "snapshot", "memory", "latency", "scale", "wide", "lifecycle")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

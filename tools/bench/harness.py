@@ -431,7 +431,7 @@ PIPELINE_TOML = """\
 dsn = "{dsn}"
 slot = "{slot}"
 publication = "{publication}"
-
+{source_extra}
 [lake]
 path = "{lake}"
 {lake_extra}
@@ -564,6 +564,8 @@ class PgcdcRun:
     #: the lake somewhere else than ``workdir/lake`` (an s3:// URI), and more of ``[lake]``
     lake_uri: str | None = None
     lake_extra: str = ""
+    #: more of ``[source]`` (TOML lines)
+    source_extra: str = ""
 
     @property
     def lake(self) -> Path:
@@ -589,6 +591,7 @@ class PgcdcRun:
             dsn=self.dsn,
             slot=self.slot,
             publication=self.publication,
+            source_extra=self.source_extra,
             lake=self.lake_uri or self.lake,
             lake_extra=self.lake_extra,
             master=self.master,

@@ -310,6 +310,11 @@ class PacedWriter(threading.Thread):
         self.error: BaseException | None = None
         self.elapsed = 0.0
         self.late = 0  # transactions that started after their due time + one interval
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """End the workload after the transaction in progress (before ``seconds``)."""
+        self._stopping.set()
 
     def call(self, seq: int) -> TxnCall:
         """Transaction ``seq``: the query, its parameters and the tables it changes."""
@@ -333,7 +338,7 @@ class PacedWriter(threading.Thread):
         k = 0
         while True:
             due = started + k * interval
-            if due - started >= self.seconds:
+            if due - started >= self.seconds or self._stopping.is_set():
                 break
             seq = self.first_seq + k
             query, params, tables = self.call(seq)

@@ -112,8 +112,9 @@ def _max(column: Any) -> Any:
 
 def _table_status(layout: LakeLayout, table_id: str, state: PipelineState) -> dict[str, Any]:
     """One lake table's report: its mirror (rows, version, newest change, last batch) and its
-    phase: ``streaming`` (mirrored), ``copying`` (added, its copy not finished) or ``removed``
-    (no longer in the configuration: kept, no longer written)."""
+    phase: ``streaming`` (mirrored), ``copying`` (its copy beside the stream not landed),
+    ``catching-up`` (copied; the changes the stream kept aside meanwhile being applied),
+    ``parked`` or ``removed`` (no longer in the configuration: kept, no longer written)."""
     from pgcdc.lake.store.tables import COMMIT_LSN, COMMIT_TIME
     from pgcdc.lake.store.target import DeltaTarget, commit_metadata
 
@@ -530,7 +531,8 @@ def render(report: dict[str, Any], console: Console) -> None:
             tables.add_row(
                 t["table"]
                 + {
-                    "copying": " (being added)",
+                    "copying": " (being copied)",
+                    "catching-up": " (copied; applying its changes since)",
                     "removed": " (removed: no longer mirrored)",
                     "parked": f" (parked at {_show(t['parked_at'])}: not written)",
                 }.get(phase, ""),

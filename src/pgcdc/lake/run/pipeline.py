@@ -131,6 +131,9 @@ STREAM_RESET = 1
 #: whether a sort's spill readers read ahead (two more 1 MiB buffers each), unless
 #: [spark.conf] sets it
 SPILL_READ_AHEAD_KEY = "spark.unsafe.sorter.spill.read.ahead.enabled"
+#: how the jobs of the stream and of tables copied beside it share the executors, unless
+#: [spark.conf] sets it
+SCHEDULER_MODE_KEY = "spark.scheduler.mode"
 
 
 def session_conf(config: PipelineConfig) -> dict[str, str]:
@@ -139,8 +142,8 @@ def session_conf(config: PipelineConfig) -> dict[str, str]:
     lake (``[lake.s3]``), Hive support and the embedded metastore of a ``[catalog]`` that
     ``[spark.conf]`` names no catalog for (``metastore.catalog_conf``), and defaults for what
     it leaves out
-    (``[spark] driver_host``, the cached batch size, the serializer's reset interval and the
-    sort spill readers' read-ahead below)."""
+    (``[spark] driver_host``, the cached batch size, the serializer's reset interval, the
+    sort spill readers' read-ahead and fair scheduling below)."""
     location = config.lake.location()
     conf = delta_settings(config.spark.conf, s3=location.is_s3)
     for key, value in location.spark_settings().items():
@@ -162,6 +165,9 @@ def session_conf(config: PipelineConfig) -> dict[str, str]:
     # a spilled sort merges all its files at once, a reader each, outside Spark's memory
     # accounting: without read-ahead each reader holds a third of the buffers
     conf.setdefault(SPILL_READ_AHEAD_KEY, "false")
+    # a table copied beside the stream runs its jobs in a pool of their own: the stream's
+    # batches get their share of the cores instead of waiting for the copy's tasks (FIFO)
+    conf.setdefault(SCHEDULER_MODE_KEY, "FAIR")
     return conf
 
 

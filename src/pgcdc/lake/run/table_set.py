@@ -139,15 +139,21 @@ def changes_of(
     state: PipelineState,
     plan: SourcePlan,
     requests: Collection[str],
+    copying: Collection[str] = (),
 ) -> TableChanges:
     """``table_changes`` as ``config`` asks: parked tables copied anew at once with ``[lake]
-    on_table_failure = "resync"``; ``requests``: the tables ``pgcdc resync`` named."""
-    return table_changes(
+    on_table_failure = "resync"``; ``requests``: the tables ``pgcdc resync`` named;
+    ``copying``: the tables whose copy runs in this process (left as they are: a resync asked
+    for meanwhile waits for it to end)."""
+    changes = table_changes(
         state,
         plan,
         resync=requests,
         resync_parked=config.lake.on_table_failure == "resync",
     )
+    if not copying:
+        return changes
+    return replace(changes, added=tuple(t for t in changes.added if t.table_id not in copying))
 
 
 class TableDiscovery:
@@ -204,7 +210,9 @@ class TableDiscovery:
                 self._said = message
             return ()
         self._said = None
-        return tuple(t.table_id for t in changes_of(pipeline.config, state, plan, requests).added)
+        copying = pipeline.syncs.unfinished()
+        changes = changes_of(pipeline.config, state, plan, requests, copying)
+        return tuple(t.table_id for t in changes.added)
 
 
 class TableSet:
@@ -222,8 +230,9 @@ class TableSet:
         left; the state as it was when nothing changes. The copies themselves run beside the
         stream (``pgcdc.lake.run.table_sync``): called with the stream stopped, before it
         starts again."""
-        requests = resync_requests(self.layout)
-        changes = changes_of(self.pipeline.config, state, plan, requests)
+        copying = self.pipeline.syncs.unfinished()
+        requests = {t: p for t, p in resync_requests(self.layout).items() if t not in copying}
+        changes = changes_of(self.pipeline.config, state, plan, requests, copying)
         if not changes and not plan.publication_add and not plan.publication_drop:
             resync_done(requests, list(requests))  # of tables no longer configured
             return state

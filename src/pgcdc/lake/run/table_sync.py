@@ -67,6 +67,7 @@ from pgcdc.lake.store.storage import LakeLocation
 from pgcdc.lake.store.tables import LakeLayout, LakeTable, TableKind
 from pgcdc.lake.write.batch import LakeBatchWriter, table_column_pairs
 from pgcdc.lake.write.held import HeldTable, held_folder, held_rows, held_tables
+from pgcdc.lake.write.keyindex import forget_index
 from pgcdc.lake.write.landing import copy_rows, land_changelog, land_history, overwrite
 from pgcdc.lake.write.snapshot import Incompatible, SnapshotResult, remove_tables
 from pgcdc.lsn import Lsn
@@ -81,6 +82,9 @@ log = logging.getLogger("pgcdc.lake")
 
 #: the phases of a table whose copy is under way
 SYNC_PHASES = ("copying", "catching-up")
+
+#: the Spark scheduler pool of the copies' jobs (the stream's run in the default pool)
+COPY_POOL = "pgcdc-copy"
 
 #: a catch-up round applies what was kept aside without stopping the stream; the last one,
 #: between two batches, once fewer than this many batches are left
@@ -210,7 +214,10 @@ class TableSync:
         table_id = self.table.table_id
         try:
             spark = self.pipeline.spark()
-            spark.sparkContext.setJobGroup(self.group, f"pgcdc: copy of {table_id}", True)
+            context = spark.sparkContext
+            context.setJobGroup(self.group, f"pgcdc: copy of {table_id}", True)
+            # beside the stream's batches, not ahead of them (``spark.scheduler.mode`` FAIR)
+            context.setLocalProperty("spark.scheduler.pool", COPY_POOL)
             if self.phase.phase == "copying":
                 point = self._copy()
             else:
@@ -311,6 +318,8 @@ class TableSync:
             return state.evolve(phases=phases, shapes={**state.shapes, **shapes})
 
         pipeline.state = update_state(layout, landed)
+        for kind in table.kinds():  # the indexes this process kept of what was replaced
+            forget_index(str(table.path(layout, kind)))
         rows = self.owner.copied[table_id] = copied.rows.get(table_id, 0)
         pipeline.observer.snapshot_finished(rows, time.monotonic() - started)
         if pipeline.config.lake.write == "indexed":
