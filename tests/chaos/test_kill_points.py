@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -44,7 +45,7 @@ import pytest
 from pgcdc.lake.config import ConfigError, load_config
 from pgcdc.lake.store.state import load_state
 from pgcdc.lake.store.tables import LakeLayout
-from pgcdc.lake.write.batch import COMMIT_THREADS, KILL_ENV, KILL_POINTS
+from pgcdc.lake.write.batch import COMMIT_THREADS, KILL_ENV, KILL_POINTS, SYNC_KILL_POINTS
 from tests.chaos.harness import (
     audit_transactions,
     check_lake,
@@ -284,6 +285,102 @@ def test_kill_9_at_each_point_of_the_indexed_write_loses_and_doubles_nothing(
     report = check_lake(load_config(config), audit_transactions(dsn))
     assert report.changes > 0
     print("kill runs:", ", ".join(timings))
+
+
+#: a table created after the initial copy: the next run copies it beside the stream
+JOINING = """
+CREATE TABLE d (id int PRIMARY KEY, v int, big text);
+ALTER TABLE d ALTER COLUMN big SET STORAGE EXTERNAL;
+INSERT INTO d SELECT g, g, CASE WHEN g % 5 = 0 THEN repeat(md5(g::text), 200) END
+    FROM generate_series(1, 3000) g;
+"""
+
+
+class JoiningLoad:
+    """Changes of ``d`` (inserts, updates leaving its TOASTed value unchanged, deletes) and of
+    ``a``, a transaction every 20 ms, until stopped: the stream keeps ``d``'s aside while it is
+    copied, and applies ``a``'s."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.stopping = threading.Event()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        key = 100_000
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                while not self.stopping.is_set():
+                    with conn.transaction():
+                        conn.execute("INSERT INTO d VALUES (%s, 0, NULL)", (key,))
+                        conn.execute("UPDATE d SET v = v + 1 WHERE id = %s", (key % 3000 + 1,))
+                        conn.execute("DELETE FROM d WHERE id = %s", (key - 50,))
+                        conn.execute("UPDATE a SET v = v + 1 WHERE id = %s", (key % 300 + 1,))
+                    key += 1
+                    time.sleep(0.02)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def __enter__(self) -> JoiningLoad:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopping.set()
+        self.thread.join(60)
+        assert not self.errors, self.errors
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@newest_server
+def test_kill_9_while_a_table_joins_loses_and_doubles_nothing(
+    pg: PgDatabase, tmp_path: Path
+) -> None:
+    """A table created after the initial copy, copied beside the stream while it and another
+    table take changes: a run killed as its copy landed (not recorded: the next run copies it
+    again), then one killed as the last changes kept aside were applied (the table not yet
+    recorded as streamed: the next run goes on from what its Delta tables hold), then a run
+    to the end; the chaos checks hold (the changelog of the joining table holds its copy's
+    rows and each change committed after the copy's point once)."""
+    dsn = pg.dsn()
+    create_audit_slot(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    config = write_config(tmp_path, dsn)
+    lake, log = tmp_path / "lake", tmp_path / "runs.log"
+    run_to_end(config, log)
+    layout = LakeLayout(load_config(config).lake.location())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(JOINING)
+    with JoiningLoad(dsn):
+        time.sleep(1)
+        expected = {"sync-landed": "copying", "sync-caught-up": "catching-up"}
+        for point in SYNC_KILL_POINTS:
+            offset = log.stat().st_size
+            proc = start_run(config, log, until_caught_up=True, env={KILL_ENV: point})
+            try:
+                code = proc.wait(600)
+            finally:
+                kill_group(proc)
+            with open(log, "rb") as f:
+                f.seek(offset)
+                output = f.read().decode(errors="replace")
+            assert code == -signal.SIGKILL, f"{point}: the run ended {code}:\n{log_tail(log)}"
+            assert f"test kill point {point} reached (public.d)" in output, log_tail(log)
+            state = load_state(layout)
+            assert state is not None and "public.d" not in state.tables
+            assert state.phases["public.d"].phase == expected[point], state.phases
+        time.sleep(2)
+    assert (lake / "_pgcdc" / "held").exists()
+    run_to_end(config, log)
+    state = load_state(layout)
+    assert state is not None and state.phases["public.d"].phase == "streaming"
+    assert state.phases["public.d"].attempt == 2  # copied again after the first kill
+    report = check_lake(load_config(config), audit_transactions(dsn))
+    assert report.changes > 0
+    assert not [p for p in (lake / "_pgcdc" / "held").rglob("*.parquet")]
 
 
 def test_an_unknown_kill_point_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

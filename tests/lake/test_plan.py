@@ -140,8 +140,22 @@ def test_a_publication_pgcdc_created_follows_the_tables_added_and_removed(
         tables=("public.t1", "public.t3"),
     ).evolve(snapshot_done=True)
     plan = plan_source(pg.dsn(), changed, managed=True)
-    found = dict(config_problems(state, changed, plan, ("1", pg.dbname)))
+    # by default the table is parked by the run (``TableChanges.left``); a run whose tables'
+    # failures stop it refuses to start, naming the table and the fix
+    assert "source.publication" not in dict(config_problems(state, changed, plan, ("1", pg.dbname)))
+    stopping = parse_config(
+        {
+            "source": {"dsn": pg.dsn(), "slot": "s", "publication": "p"},
+            "lake": {"path": "/tmp/unused-lake", "on_table_failure": "stop"},
+            "tables": [
+                {"name": "t1", "row_filter": "a > 5"},
+                {"name": "t3", "row_filter": "g < 10"},
+            ],
+        }
+    )
+    found = dict(config_problems(state, stopping, plan, ("1", pg.dbname)))
     assert "no longer publishes public.t3" in found["source.publication"]
+    assert "pgcdc resync --config pipeline.toml public.t3" in found["source.publication"]
 
 
 def test_partitioned_tables(pg: PgDatabase) -> None:

@@ -177,16 +177,16 @@ def test_an_added_table_is_copied_while_the_others_stream(
     with Load(pg, "orders", 1000, deletes=True) as load_orders:
         # batches of the other table come one after the other before the new table appears
         wait_until(lambda: orders.version() >= 3, run, what="the first batches")
-        create(pg, "big", 150_000)  # a copy of seconds, not milliseconds
-        with Load(pg, "big", 200_000, deletes=True) as load_big:
-            # the other table's mirror while the new one is copied
+        create(pg, "big", 400_000)  # a copy of seconds, not milliseconds
+        with Load(pg, "big", 500_000, deletes=True) as load_big:
+            # the other table's mirror while the new one is copied and caught up
             seen: list[int] = []
             deadline = time.monotonic() + 300
             phase = None
             while phase != "streaming":
                 assert time.monotonic() < deadline and not run.failures, run.failures
                 phase = phase_of(running, "public.big")
-                if phase == "copying":
+                if phase in ("copying", "catching-up"):
                     seen.append(orders.version())
                 time.sleep(0.2)
             assert len(set(seen)) >= 2, f"the other table did not move during the copy: {seen}"
@@ -194,7 +194,7 @@ def test_an_added_table_is_copied_while_the_others_stream(
         load_orders.wait_for(50)
     run.stop()
     assert not run.failures and run.result is not None
-    assert run.result.added_rows.get("public.big", 0) >= 150_000
+    assert run.result.added_rows.get("public.big", 0) >= 400_000
     final = Pipeline(config, spark=spark)
     assert final.run(until_caught_up=True).added_rows == {}
     assert_equal(final)
@@ -212,7 +212,7 @@ def test_an_added_table_is_copied_while_the_others_stream(
     copied = {
         r["id"]
         for r in DeltaTarget(lake / "public" / "big.changelog").read().to_pylist()
-        if r["__op"] == "S" and r["id"] >= 200_000
+        if r["__op"] == "S" and r["id"] >= 500_000
     }
     inserted = Counter(r["id"] for r in streamed if r["__op"] == "I")
     assert copied and inserted, "the load committed on both sides of the copy's point"
@@ -409,6 +409,7 @@ def test_ddl_on_one_table_under_load_leaves_the_others_streaming(
         pg,
         lake,
         "[[tables]]\nname = 'public.t'\nhistory = true\n[[tables]]\nname = 'public.other'\n",
+        table_discovery_interval=1,  # a table created again is found by the catalog's check
     )
     config = load_config(toml)
     Pipeline(config, spark=spark).run(until_caught_up=True)

@@ -1,6 +1,7 @@
 """`make bench-report`: the benchmarks' JSON results as one markdown table and one plot.
 
-Reads ``bench-results/{decode,catchup,snapshot,memory,latency,scale,wide}.json`` (whichever
+Reads ``bench-results/{decode,catchup,snapshot,memory,latency,scale,wide,lifecycle}.json``
+(whichever
 exist) and writes ``bench-results/README.md`` (figure, pgcdc, anchor, ratio, goal, met?, what
 limits it, and the scale each was measured at) and ``bench-results/bench.png`` (matplotlib,
 Agg). Every ratio is pgcdc beside its anchor in the same run, on the same machine and data.
@@ -16,7 +17,7 @@ from typing import Any
 
 from tools.bench.harness import RESULTS_DIR
 
-BENCHMARKS = ("decode", "catchup", "snapshot", "memory", "latency", "scale", "wide")
+BENCHMARKS = ("decode", "catchup", "snapshot", "memory", "latency", "scale", "wide", "lifecycle")
 
 #: What limits each figure, from profiling (Spark's event log, the pipeline's DEBUG log with
 #: each batch's steps, py-spy); the JSON may carry its own ``limits`` text instead.
@@ -91,6 +92,13 @@ LIMITS["wide"] = (
     "table), so a batch of 100 tables takes about 36 s. With history and changelog on, each "
     "history is a plan of its own in that job (its versions: a window per key), about 3 s a "
     "table; at 100 tables the continuous run did not get through its first batch"
+)
+
+LIMITS["lifecycle"] = (
+    "the copy's Spark jobs and the stream's batches share 2 cores (fair scheduling), with the "
+    "source, its walsender and the copy's COPY on the same machine; the stream stops between "
+    "two batches when the table joins the publication and for the last round of its changes "
+    "kept aside"
 )
 
 
@@ -460,6 +468,39 @@ def _row_wide(d: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _row_lifecycle(d: dict[str, Any]) -> list[list[str]]:
+    head = f"Lifecycle: a table of {d.get('big_rows', 0):,} rows added to a running pipeline"
+    if "failed" in d:
+        failed = " ".join(d["failed"].split())[:200]
+        return [[head, f"FAILED: {failed}", "–", "–", "–", "–"]]
+    goals = d["goals"]
+    w = d["workload"]
+    before, during = d["latency_before_seconds"], d["latency_during_seconds"]
+    return [
+        [
+            f"{head}: its copy beside the stream",
+            f"{d['online_copy_seconds'] or 0:.1f} s (joined {d['join_seconds']:.1f} s after it "
+            "appeared under the pattern)",
+            f"the same copy offline (initial copy): {d['offline_copy_seconds'] or 0:.1f} s",
+            "–" if d["copy_ratio"] is None else f"{d['copy_ratio']:.2f}x",
+            f"<= {goals['copy_ratio_at_most']:g}x",
+            _met(goals["copy_met"]),
+        ],
+        [
+            f"{head}: the other {d['tables']} tables' commit-to-lake latency at "
+            f"{w['achieved_changes_per_second']:,.0f} changes/s (target "
+            f"{w['target_changes_per_second']:,.0f})",
+            f"during the copy: {_seconds(during)}",
+            f"before it: {_seconds(before)}",
+            "–"
+            if d["p99_ratio_during_to_before"] is None
+            else f"{d['p99_ratio_during_to_before']:.2f}x the p99",
+            f"<= {goals['p99_ratio_at_most']:g}x",
+            _met(goals["p99_met"]),
+        ],
+    ]
+
+
 ROWS: dict[str, Callable[[dict[str, Any]], list[list[str]]]] = {
     "decode": _row_decode,
     "catchup": _row_catchup,
@@ -468,6 +509,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[list[str]]]] = {
     "latency": _row_latency,
     "scale": _row_scale,
     "wide": _row_wide,
+    "lifecycle": _row_lifecycle,
 }
 
 
@@ -477,7 +519,8 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
         "# pgcdc benchmarks",
         "",
         "`make bench` (each alone: `make bench-decode`, `bench-catchup`, `bench-snapshot`, "
-        "`bench-memory`, `bench-latency`, `bench-scale`, `bench-wide`; then `make "
+        "`bench-memory`, `bench-latency`, `bench-scale`, `bench-wide`, `bench-lifecycle`; then "
+        "`make "
         "bench-report`). Every "
         "ratio is measured "
         "beside its anchor in the same run, on the same machine and data; absolute times on a "

@@ -17,12 +17,12 @@ from pgcdc.lake.config import ConfigError, PipelineConfig
 from pgcdc.lake.results import PipelineError
 from pgcdc.lake.run.catalog import SourcePlan
 from pgcdc.lake.run.monitor import publication_gone_message, slot_gone_message, slot_lost_message
-from pgcdc.lake.store.state import PipelineState
+from pgcdc.lake.store.state import PipelineState, resync_requests
 from pgcdc.lake.store.tables import LakeLayout
 from pgcdc.replication import missing_publications, slot_info, source_catalog
 from pgcdc.replication.database import connect_sql
 
-__all__ = ["Start", "config_problems", "server_identity", "start_point"]
+__all__ = ["Start", "config_problems", "server_identity", "start_point", "unpublished_tables"]
 
 log = logging.getLogger("pgcdc.lake")
 
@@ -67,20 +67,35 @@ def config_problems(
             )
         )
     if state.snapshot_done:
-        problems.extend(_unpublished(plan, state))
+        problems.extend(_unpublished(plan, state, config))
         problems.extend(_late_kinds(plan, layout, state))
     return problems
 
 
-def _unpublished(plan: SourcePlan, state: PipelineState) -> list[tuple[str, str]]:
+def unpublished_tables(plan: SourcePlan, state: PipelineState) -> list[str]:
     """Tables the lake mirrors that the publication (one pgcdc created) no longer publishes:
-    someone dropped them from it, or dropped the tables. Their changes since are not in the
-    stream, so adding them back to the publication would leave a gap in their mirrors."""
-    gone = sorted(
+    someone dropped them from it, or dropped the tables (and perhaps created them again).
+    Their changes since are not in the stream, so adding them back to the publication would
+    leave a gap in their mirrors: they are parked (``Pipeline.park``), or with ``[lake]
+    on_table_failure = "stop"`` the run stops."""
+    return sorted(
         table_id
         for spec in plan.publication_add
         if (table_id := f"{spec.schema or 'public'}.{spec.name}") in state.tables
     )
+
+
+def _unpublished(
+    plan: SourcePlan, state: PipelineState, config: PipelineConfig
+) -> list[tuple[str, str]]:
+    """``unpublished_tables`` as a problem, when a table's failure stops the run."""
+    if config.lake.on_table_failure != "stop":
+        return []
+    gone = [
+        t
+        for t in unpublished_tables(plan, state)
+        if t not in resync_requests(LakeLayout(config.lake.location()))
+    ]
     if not gone:
         return []
     return [
@@ -88,8 +103,8 @@ def _unpublished(plan: SourcePlan, state: PipelineState) -> list[tuple[str, str]
             "source.publication",
             f"publication {state.publication!r} no longer publishes {', '.join(gone)}, which "
             "the lake mirrors (it was dropped from the publication, or the table was dropped): "
-            "the changes made since are not in the stream. Fix: copy the table again: leave it "
-            "out of [[tables]] for one run and add it back",
+            "the changes made since are not in the stream. Fix: pgcdc resync --config "
+            f"pipeline.toml {' '.join(gone)} (copies it anew)",
         )
     ]
 

@@ -65,7 +65,12 @@ from typing import Any
 from pgcdc.lake.config import ConfigError, PipelineConfig
 from pgcdc.lake.diagnosis import spark_reason
 from pgcdc.lake.results import PipelineError
-from pgcdc.lake.run.bootstrap import config_problems, server_identity, start_point
+from pgcdc.lake.run.bootstrap import (
+    config_problems,
+    server_identity,
+    start_point,
+    unpublished_tables,
+)
 from pgcdc.lake.run.catalog import SourcePlan, plan_source
 from pgcdc.lake.run.initial_copy import InitialCopy
 from pgcdc.lake.run.monitor import Observer, RunObserver, SlotMonitor
@@ -489,6 +494,25 @@ class Pipeline:
             },
         )
 
+    def _park_unpublished(self, plan: SourcePlan) -> None:
+        """Park the tables the lake mirrors that left the publication pgcdc created (dropped
+        from it, or dropped and created again): their changes since are not in the stream
+        (with ``on_table_failure = "stop"`` the run refused to start: ``config_problems``)."""
+        state = self.state
+        if state is None or self.config.lake.on_table_failure == "stop":
+            return
+        gone = [t for t in unpublished_tables(plan, state) if t not in resync_requests(self.layout)]
+        if gone:
+            self.park(
+                {
+                    t: f"the publication {state.publication!r} no longer published it (dropped "
+                    "from it, or the table was dropped and created again): its changes since "
+                    f"are not in the stream. Fix: pgcdc resync --config pipeline.toml {t} "
+                    "(copies it anew while the others stream on)"
+                    for t in gone
+                }
+            )
+
     def park(self, reasons: Mapping[str, str]) -> PipelineState:
         """Stop writing the tables of ``reasons`` (table id -> what happened and the fix):
         parked at the slot's confirmed LSN (the lake has their changes up to there); the
@@ -590,6 +614,7 @@ class Pipeline:
             if start.resume:
                 result.resumed = True
                 assert self.state is not None
+                self._park_unpublished(plan)
                 self.state = TableSet(self).apply(plan, self.state, result)
             else:
                 self.state = InitialCopy(self).run(plan, self.state, start.slot_exists, result)
@@ -603,6 +628,7 @@ class Pipeline:
                 on_started = None
                 plan = self.check()
                 assert self.state is not None
+                self._park_unpublished(plan)
                 self.state = TableSet(self).apply(plan, self.state, result)
             return result
         except PipelineError:

@@ -269,8 +269,8 @@ class StreamRunner:
                         joining = discovery.found()
                         if joining:
                             log.info(
-                                "%d table(s) to add or copy anew (%s): the stream stops "
-                                "after its batch to copy them",
+                                "%d table(s) to copy, or changed on the source (%s): the "
+                                "stream stops after its batch to take them up",
                                 len(joining),
                                 ", ".join(joining),
                                 extra={"tables": list(joining)},

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from pgcdc.errors import PgcdcError
 from pgcdc.lake.results import PipelineError
+from pgcdc.lake.run.bootstrap import unpublished_tables
 from pgcdc.lake.run.catalog import SourcePlan, ensure_publication
 from pgcdc.lake.run.table_sync import SYNC_PHASES, next_batch
 from pgcdc.lake.store.state import (
@@ -47,6 +48,7 @@ from pgcdc.lake.store.state import (
     resync_done,
     resync_requests,
     save_state,
+    state_lock,
 )
 from pgcdc.lake.store.tables import LakeLayout, LakeTable, TableKind
 from pgcdc.lake.write.held import held_folder
@@ -73,9 +75,11 @@ class TableChanges:
     added: tuple[LakeTable, ...] = ()
     removed: tuple[str, ...] = ()
     unfinished: tuple[str, ...] = ()
+    #: tables the lake mirrors that left the publication pgcdc created: parked
+    left: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.added or self.removed or self.unfinished)
+        return bool(self.added or self.removed or self.unfinished or self.left)
 
     def describe(self) -> str:
         """What a start does about them, in a sentence (``pgcdc run --check``)."""
@@ -93,6 +97,11 @@ class TableChanges:
         if self.unfinished:
             what.append(
                 "remove what the unfinished copies of " + ", ".join(self.unfinished) + " left"
+            )
+        if self.left:
+            what.append(
+                "park " + ", ".join(self.left) + " (no longer in the publication: their changes "
+                "since are not in the stream; pgcdc resync copies them anew)"
             )
         return "; ".join(what)
 
@@ -151,19 +160,24 @@ def changes_of(
         resync=requests,
         resync_parked=config.lake.on_table_failure == "resync",
     )
+    if state.snapshot_done and config.lake.on_table_failure != "stop":
+        left = [t for t in unpublished_tables(plan, state) if t not in requests]
+        changes = replace(changes, left=tuple(left))
     if not copying:
         return changes
     return replace(changes, added=tuple(t for t in changes.added if t.table_id not in copying))
 
 
 class TableDiscovery:
-    """While ``pipeline`` streams: the tables to add now. Every ``interval`` seconds, the
+    """While ``pipeline`` streams: the tables to take up now. Every ``interval`` seconds, the
     tables created on the source since it started that a ``[[tables]]`` pattern matches (the
-    catalog, as a start plans it); every ``REQUESTS_INTERVAL`` seconds, the tables ``pgcdc
-    resync`` asked to copy anew, and parked tables when ``[lake] on_table_failure`` is
-    "resync". Found, they join the way a start adds tables: the stream stops between two
-    batches, ``TableSet.apply`` records them and changes the publication, and the stream
-    starts again while they are copied beside it (``pipeline.Pipeline``)."""
+    catalog, as a start plans it), and the tables it writes that left the publication pgcdc
+    created (dropped and created again); every ``REQUESTS_INTERVAL`` seconds, the tables
+    ``pgcdc resync`` asked to copy anew, and parked tables when ``[lake] on_table_failure`` is
+    "resync". Found, the stream stops between two batches, ``TableSet.apply`` records the
+    tables to copy and changes the publication, and the stream starts again (checking the
+    tables' shapes: a table created again is parked) while they are copied beside it
+    (``pipeline.Pipeline``)."""
 
     #: seconds between two looks for ``pgcdc resync``'s requests (a listing of a folder)
     REQUESTS_INTERVAL = 5.0
@@ -185,8 +199,7 @@ class TableDiscovery:
         that cannot be planned is the stream's to report, or the next start's)."""
         now_ = time.monotonic()
         pipeline = self.pipeline
-        patterns = any(t.is_pattern for t in pipeline.config.tables)
-        plan_due = patterns and now_ >= self._next_plan
+        plan_due = now_ >= self._next_plan
         requests_due = now_ >= self._next_requests
         if not plan_due and not requests_due:
             return ()
@@ -212,7 +225,9 @@ class TableDiscovery:
         self._said = None
         copying = pipeline.syncs.unfinished()
         changes = changes_of(pipeline.config, state, plan, requests, copying)
-        return tuple(t.table_id for t in changes.added)
+        # and the tables the stream writes that left the publication pgcdc made (dropped and
+        # created again, say): parked between two batches
+        return (*(t.table_id for t in changes.added), *changes.left)
 
 
 class TableSet:
@@ -230,6 +245,11 @@ class TableSet:
         left; the state as it was when nothing changes. The copies themselves run beside the
         stream (``pgcdc.lake.run.table_sync``): called with the stream stopped, before it
         starts again."""
+        # copies of other tables running beside the stream change the state too
+        with state_lock():
+            return self._apply(plan, load_state(self.layout) or state, result)
+
+    def _apply(self, plan: SourcePlan, state: PipelineState, result: RunResult) -> PipelineState:
         copying = self.pipeline.syncs.unfinished()
         requests = {t: p for t, p in resync_requests(self.layout).items() if t not in copying}
         changes = changes_of(self.pipeline.config, state, plan, requests, copying)
@@ -290,7 +310,7 @@ class TableSet:
         """An added table the state knows nothing of, with something at one of its lake paths
         already: pgcdc did not write it, and never removes what it did not write."""
         for table in added:
-            if table.table_id in state.phases:
+            if table.table_id in state.phases or table.table_id in state.tables:
                 continue
             for kind in _KINDS:
                 path = table.path(self.layout, kind)
