@@ -25,7 +25,7 @@ import pytest
 from pgcdc.lake.run.pipeline import Pipeline
 from pgcdc.lake.store.tables import MIRROR_COLUMNS
 from pgcdc.lake.store.target import DeltaTarget
-from tests.fix_pg import PgDatabase
+from tests.fix_pg import PgDatabase, newest_server
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, make_config
 
 pytestmark = pytest.mark.slow
@@ -50,6 +50,7 @@ def run_checked(config: Any, spark: Any, table_id: str) -> Counter[tuple[Any, ..
     return mirror_multiset(pipeline, table_id)
 
 
+@newest_server
 def test_identical_rows_are_kept_copy_by_copy(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
     pg.execute(
         "CREATE TABLE d (a int, b text); ALTER TABLE d REPLICA IDENTITY FULL; "
@@ -98,6 +99,7 @@ def _one(conn: Any, rng: random.Random) -> None:
         conn.execute("TRUNCATE m")
 
 
+@newest_server
 def test_random_workload_on_identical_rows(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
     seed = int(os.environ.get("PGCDC_TEST_SEED", random.randrange(1 << 30)))
     print(f"seed {seed} (replay with PGCDC_TEST_SEED={seed})")
@@ -127,6 +129,7 @@ def test_random_workload_on_identical_rows(pg: PgDatabase, spark: Any, tmp_path:
         assert sum(multiset.values()) == rows, f"seed {seed}"
 
 
+@newest_server
 def test_a_deferrable_key_swapped_by_one_update(pg: PgDatabase, spark: Any, tmp_path: Path) -> None:
     """A DEFERRABLE primary key is unique only at commit: one UPDATE swapping two keys has two
     rows holding key 2 for a moment. Mirrored by that key, the lake lost a row (the delete half

@@ -136,6 +136,7 @@ def assert_once_across_copy(pg: PgDatabase, lake: Path, point: int, *, later: bo
         assert copied.get(key, 0) + updates[key] == v - bump + (later and key % 3 == 0), key
 
 
+@newest_server  # the handover's server side on both: test_table_sync's open transaction
 def test_a_table_created_on_the_source_joins_the_lake_with_no_gap_and_no_duplicate(
     pg: PgDatabase, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
