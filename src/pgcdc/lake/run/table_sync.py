@@ -87,8 +87,11 @@ SYNC_PHASES = ("copying", "catching-up")
 COPY_POOL = "pgcdc-copy"
 
 #: a catch-up round applies what was kept aside without stopping the stream; the last one,
-#: between two batches, once fewer than this many batches are left
+#: between two batches, once fewer than this many batches are left, or after ``MAX_ROUNDS``
+#: (a round applies every batch kept aside since the last: each is shorter than the one before
+#: unless the stream outruns the writes)
 FINAL_ROUND_BATCHES = 2
+MAX_ROUNDS = 5
 
 
 def next_batch(layout: LakeLayout, state: PipelineState) -> int:
@@ -116,6 +119,8 @@ class TableSyncs:
         layout = self.pipeline.layout
         held = held_tables(state.stream_app_id)
         committed = committed_batch(state.checkpoint(layout))
+        from pgcdc.spark import table_column
+
         for table in tables:
             phase = state.phases.get(table.table_id)
             if phase is None or phase.phase not in SYNC_PHASES or phase.from_batch is None:
@@ -124,8 +129,6 @@ class TableSyncs:
                 running = self._syncs.get(table.table_id)
                 if running is not None and running.alive():
                     continue
-            from pgcdc.spark import table_column
-
             done = -1 if committed is None else committed
             entry = HeldTable(
                 table=table,
@@ -500,9 +503,9 @@ class TableSync:
         for level in levels[1:]:
             self._apply(spark, writer, done, level)
             done = level
-        while not self.cancelled.is_set():
+        for _ in range(MAX_ROUNDS):
             through = self.entry.last_batch
-            if through - done < FINAL_ROUND_BATCHES:
+            if self.cancelled.is_set() or through - done < FINAL_ROUND_BATCHES:
                 break
             self._apply(spark, writer, done, through)
             done = through
