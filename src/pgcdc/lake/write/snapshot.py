@@ -40,6 +40,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pgcdc.errors import PgcdcError
 from pgcdc.lake.store.delta import create_table, stats_json
 from pgcdc.lake.store.deltalog import DataFile, TableLog
 from pgcdc.lake.store.storage import LakeLocation, LakePath, LeaseLost, StorageError
@@ -609,7 +610,7 @@ def physical_schema(directory: str, schema: pa.Schema) -> pa.Schema:
     return pa.schema(list(physical))
 
 
-class Incompatible(RuntimeError):
+class Incompatible(PgcdcError, RuntimeError):
     """A Delta table the copy would replace whose columns' types differ from the copy's: its
     files cannot be replaced in place (``snapshot_outputs`` with ``replace``)."""
 
