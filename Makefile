@@ -24,7 +24,7 @@ pytest:
 
 # Chaos tests at full size: CHAOS_KILLS (default 20) kill -9s of `pgcdc run` per PostgreSQL
 # version, the indexed write killed at each of its points, network faults, failures;
-# `make test` runs them shortened (3 kills, 3 of the 5 kill points, PostgreSQL 18).
+# `make test` runs them shortened (3 kills, 2 into a bucket, 2 of the 5 kill points, PostgreSQL 18).
 # Replay a run with PGCDC_CHAOS_SEED=<the printed seed>.
 .PHONY: chaos
 CHAOS_KILLS ?= 20

@@ -24,13 +24,34 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+#: the driver JVM options spark-submit adds (tests/conftest.py sets them for the runs tests start)
+SUBMIT_OPTS = "SPARK_SUBMIT_OPTS"
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    from pgcdc.lake.store.delta import delta_settings, quiet_logs
-    from pgcdc.spark import spark_session
+    from pgcdc.lake.store.delta import quiet_logs
 
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    session = spark_session(
+    submit_opts = os.environ.pop(SUBMIT_OPTS, None)  # this JVM runs long: both compilers
+    try:
+        session = _session()
+    finally:
+        if submit_opts is not None:
+            os.environ[SUBMIT_OPTS] = submit_opts
+    session.sparkContext.setLogLevel("ERROR")
+    quiet_logs(session)  # as pipelines do: Delta's false "Failed to translate filter" errors
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _session() -> SparkSession:
+    from pgcdc.lake.store.delta import delta_settings
+    from pgcdc.spark import spark_session
+
+    session: SparkSession = spark_session(
         "local[2]",
         "pgcdc-tests",
         # with Delta's connector, as every pipeline's session
@@ -51,12 +72,7 @@ def spark() -> Iterator[SparkSession]:
         # class data archive (and map it) instead
         class_data_sharing=False,
     )
-    session.sparkContext.setLogLevel("ERROR")
-    quiet_logs(session)  # as pipelines do: Delta's false "Failed to translate filter" errors
-    try:
-        yield session
-    finally:
-        session.stop()
+    return session
 
 
 @pytest.fixture

@@ -179,7 +179,7 @@ name = "public.lt"
 
 
 @newest_server
-@pytest.mark.parametrize("store", ["local", "s3"])
+@pytest.mark.parametrize("store", ["s3"])
 def test_pipeline_writes_the_lake_from_the_cluster_executors(
     pg: PgDatabase,
     standalone: str,
@@ -190,7 +190,9 @@ def test_pipeline_writes_the_lake_from_the_cluster_executors(
     """``pgcdc run`` against the standalone cluster: the initial copy and every MERGE and append
     run in the worker's executors (the driver of a standalone cluster runs no task), which get
     Delta's connector (and S3A's, for a lake in a bucket: no folder is shared) through
-    ``spark.jars`` from the driver."""
+    ``spark.jars`` from the driver. A lake in a bucket is how a cluster shares one; ``local``
+    (a folder every worker sees) runs the same code with a local path: the suite leaves it
+    out for its time (add it to the list to run it)."""
     pg.execute("CREATE TABLE lt (id int PRIMARY KEY, v text)")
     pg.execute("INSERT INTO lt SELECT g, 'v' || g FROM generate_series(1, 2000) g")
     config = tmp_path / "pipeline.toml"
