@@ -14,13 +14,15 @@ checked), ``heartbeat`` (a heartbeat could not be written).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 __all__ = ["PipelineMetrics"]
 
+#: a table's phases in the pipeline (``pgcdc.lake.store.state.TablePhaseName``)
+TABLE_PHASES = ("copying", "catching-up", "streaming", "parked", "removed")
 _BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -85,6 +87,13 @@ class PipelineMetrics:
             (*labels, "table"),
             registry=self.registry,
         )
+        self.table_state = Gauge(
+            "pgcdc_table_state",
+            "1 for a table's phase (copying, catching-up, streaming, parked, removed), 0 for "
+            "the others",
+            (*labels, "table", "state"),
+            registry=self.registry,
+        )
         self._server: Any = None
 
     # -- recording ------------------------------------------------------------------------
@@ -120,12 +129,12 @@ class PipelineMetrics:
         if confirmed_lsn is not None:
             self.confirmed_lsn.labels(self.slot).set(confirmed_lsn)
 
-    def record_tables(self, written: Iterable[str], parked: Iterable[str]) -> None:
-        """The tables the stream writes and the parked ones (``pgcdc_table_parked``)."""
-        for table in written:
-            self.parked.labels(self.slot, table).set(0)
-        for table in parked:
-            self.parked.labels(self.slot, table).set(1)
+    def record_tables(self, phases: Mapping[str, str]) -> None:
+        """Each table's phase, by table id (``pgcdc_table_state``, ``pgcdc_table_parked``)."""
+        for table, phase in phases.items():
+            self.parked.labels(self.slot, table).set(1 if phase == "parked" else 0)
+            for name in TABLE_PHASES:
+                self.table_state.labels(self.slot, table, name).set(1 if name == phase else 0)
 
     def record_error(self, kind: str) -> None:
         self.errors.labels(self.slot, kind).inc()

@@ -35,6 +35,7 @@ from pgcdc.lake.run.pipeline import Pipeline
 from pgcdc.lake.store.state import PipelineState, load_state
 from pgcdc.lake.store.target import DeltaTarget
 from pgcdc.lsn import Lsn
+from pgcdc.metrics import TABLE_PHASES
 from tests.fix_pg import PgDatabase, newest_server
 from tests.fix_pipeline import Background
 from tests.lake.test_pipeline import assert_equal, assert_history_matches_mirror, batch_commits
@@ -124,6 +125,20 @@ def phase_of(pipeline: Pipeline, table_id: str) -> str | None:
     return None if phase is None else phase.phase
 
 
+def metric_phases(pipeline: Pipeline, table_id: str) -> set[str]:
+    """The phases ``pgcdc_table_state`` gives ``table_id`` (one, once the table is known)."""
+    registry = pipeline.metrics.registry
+    return {
+        phase
+        for phase in TABLE_PHASES
+        if registry.get_sample_value(
+            "pgcdc_table_state",
+            {"slot": pipeline.config.source.slot, "table": table_id, "state": phase},
+        )
+        == 1
+    }
+
+
 def wait_until(
     check: Callable[[], bool], run: Background, timeout: float = 240, what: str = ""
 ) -> None:
@@ -181,6 +196,7 @@ def test_an_added_table_is_copied_while_the_others_stream(
         with Load(pg, "big", 500_000, deletes=True) as load_big:
             # the other table's mirror while the new one is copied and caught up
             seen: list[int] = []
+            shown: set[str] = set()  # the phases pgcdc_table_state showed
             deadline = time.monotonic() + 300
             phase = None
             while phase != "streaming":
@@ -188,8 +204,12 @@ def test_an_added_table_is_copied_while_the_others_stream(
                 phase = phase_of(running, "public.big")
                 if phase in ("copying", "catching-up"):
                     seen.append(orders.version())
+                shown |= metric_phases(running, "public.big")
                 time.sleep(0.2)
             assert len(set(seen)) >= 2, f"the other table did not move during the copy: {seen}"
+            assert "copying" in shown, shown
+            assert metric_phases(running, "public.big") == {"streaming"}
+            assert metric_phases(running, "public.orders") == {"streaming"}
             load_big.wait_for(50)
         load_orders.wait_for(50)
     run.stop()
@@ -428,6 +448,8 @@ def test_ddl_on_one_table_under_load_leaves_the_others_streaming(
             state = _state(running)
             reason = state.phases["public.t"].reason or ""
             assert "pgcdc resync --config pipeline.toml public.t" in reason, reason
+            parked = {"parked"}
+            wait_until(lambda: metric_phases(running, "public.t") == parked, run, what="metric")
             assert main(["resync", "--config", str(toml), "public.t"]) == 0
             wait_until(
                 lambda: "public.t" in _state(running).tables, run, what="the resync's handover"

@@ -251,7 +251,7 @@ class Pipeline:
         self.query: Any | None = None
         #: set by ``stop``
         self.stopping = threading.Event()
-        self.state: PipelineState | None = None
+        self._state: PipelineState | None = None
         self.plan: SourcePlan | None = None
         #: how the configured tables differ from the lake's (``check``)
         self.changes = TableChanges()
@@ -547,10 +547,20 @@ class Pipeline:
                 extra={"table": table_id, "lsn": None if at is None else str(at)},
             )
         self.metrics.record_error("parked")
-        self.metrics.record_tables((), reasons)
         return state
 
     # -- run -------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> PipelineState | None:
+        """The pipeline's state as this run last saved or read it."""
+        return self._state
+
+    @state.setter
+    def state(self, state: PipelineState | None) -> None:
+        self._state = state
+        if state is not None:  # every table's phase, as the metrics show it
+            self.metrics.record_tables(state.table_phases())
 
     def stop(self) -> None:
         """Ask a running ``run`` to stop once the current batch is done (thread-safe)."""

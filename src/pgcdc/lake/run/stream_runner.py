@@ -339,10 +339,8 @@ class StreamRunner:
     def _writer(self, plan: SourcePlan, state: PipelineState) -> LakeBatchWriter:
         """The batches' writer: the planned tables the lake mirrors (not the parked ones)."""
         pipeline = self.pipeline
-        parked = state.parked()
         # not those being copied: the stream keeps their changes aside (``held``)
         tables = tuple(t for t in plan.tables if t.table_id in state.tables)
-        pipeline.metrics.record_tables((t.table_id for t in tables), parked)
         return LakeBatchWriter(
             lake=str(self.layout.root),
             tables=tables,
@@ -358,7 +356,7 @@ class StreamRunner:
                 (table_id, int(Lsn.parse(lsn)))
                 for table_id, lsn in sorted(state.copied_at().items())
             ),
-            parked=tuple(sorted(parked)),
+            parked=tuple(sorted(state.parked())),
         )
 
     def _drain_maintenance(self, app_id: str) -> None:

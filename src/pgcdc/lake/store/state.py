@@ -244,6 +244,12 @@ class PipelineState:
             shapes={k: v for k, v in self.shapes.items() if k not in phases},
         )
 
+    def table_phases(self) -> dict[str, TablePhaseName]:
+        """Every table's phase, by table id: its ``phases`` entry's, else (a table of the
+        initial copy) "copying" until the snapshot is done and "streaming" from then on."""
+        first: TablePhaseName = "streaming" if self.snapshot_done else "copying"
+        return {**dict.fromkeys(self.tables, first), **{t: p.phase for t, p in self.phases.items()}}
+
     def parked(self) -> dict[str, TablePhase]:
         """The parked tables' phases, by table id."""
         return {t: p for t, p in self.phases.items() if p.phase == "parked"}
