@@ -271,7 +271,8 @@ def assert_history_consistent(layout: LakeLayout, table: LakeTable) -> None:
     for row in history.to_pylist():
         if row["__end_lsn"] is not None:
             assert row["__end_lsn"] >= row["__start_lsn"], row["__start_lsn"]
-            assert row["__end_op"] in ("U", "D", "T") and not row["__is_current"]
+            # 'S': ended by a copy anew (pgcdc resync) at its point
+            assert row["__end_op"] in ("U", "D", "T", "S") and not row["__is_current"]
         else:
             assert row["__end_op"] is None and row["__is_current"]
         version = (tuple(repr(row[k]) for k in table.keys), row["__start_lsn"])

@@ -43,6 +43,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from pgcdc.cli import main
 from pgcdc.lake.config import ConfigError, load_config
 from pgcdc.lake.store.state import load_state
 from pgcdc.lake.store.tables import LakeLayout
@@ -352,7 +353,10 @@ def test_kill_9_while_a_table_joins_loses_and_doubles_nothing(
     again), then one killed as the last changes kept aside were applied (the table not yet
     recorded as streamed: the next run goes on from what its Delta tables hold), then a run
     to the end; the chaos checks hold (the changelog of the joining table holds its copy's
-    rows and each change committed after the copy's point once)."""
+    rows and each change committed after the copy's point once). Then ``pgcdc resync`` of
+    that table under the same load, its run killed as the new copy replaced the old one in
+    its Delta tables (not recorded: the next run copies it anew again); the mirror and
+    history checks hold."""
     dsn = pg.dsn()
     create_audit_slot(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -390,6 +394,25 @@ def test_kill_9_while_a_table_joins_loses_and_doubles_nothing(
     report = check_lake(load_config(config), audit_transactions(dsn))
     assert report.changes > 0
     assert not [p for p in (lake / "_pgcdc" / "held").rglob("*.parquet")]
+
+    with JoiningLoad(dsn):
+        assert main(["resync", "--config", str(config), "public.d"]) == 0
+        time.sleep(1)
+        proc = start_run(config, log, until_caught_up=True, env={KILL_ENV: "sync-landed"})
+        try:
+            code = proc.wait(600)
+        finally:
+            kill_group(proc)
+        assert code == -signal.SIGKILL, f"the resync's run ended {code}:\n{log_tail(log)}"
+        state = load_state(layout)
+        assert state is not None and state.phases["public.d"].phase == "copying"
+        assert state.phases["public.d"].again
+        time.sleep(2)
+    run_to_end(config, log)
+    state = load_state(layout)
+    assert state is not None and state.phases["public.d"].phase == "streaming"
+    assert state.phases["public.d"].attempt == 4  # the resync's copy, killed, then again
+    check_lake(load_config(config), audit_transactions(dsn))
 
 
 def test_an_unknown_kill_point_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
