@@ -49,8 +49,20 @@ class Load:
     leaving ``big`` unchanged; with ``deletes``, every tenth transaction deletes a key. Keys
     start at ``first``."""
 
-    def __init__(self, pg: PgDatabase, table: str, first: int, *, deletes: bool = False) -> None:
-        self.dsn = pg.dsn()
+    def __init__(
+        self,
+        pg: PgDatabase,
+        table: str,
+        first: int,
+        *,
+        deletes: bool = False,
+        search_path: str | None = None,
+    ) -> None:
+        self.dsn = (
+            pg.dsn()
+            if search_path is None
+            else f"{pg.dsn()} options='-c search_path={search_path}'"
+        )
         self.table = table
         self.first = self.next = first
         self.deletes = deletes
@@ -98,7 +110,7 @@ class Load:
 
 def create(pg: PgDatabase, table: str, rows: int) -> None:
     """Table ``table`` (id, v, big: TOASTed on every thousandth row) with ``rows`` rows."""
-    name = sql.Identifier(table)
+    name = sql.Identifier(*table.split("."))
     pg.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v int, big text)").format(name))
     pg.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN big SET STORAGE EXTERNAL").format(name))
     pg.execute(
@@ -192,8 +204,13 @@ def test_an_added_table_is_copied_while_the_others_stream(
     with Load(pg, "orders", 1000, deletes=True) as load_orders:
         # batches of the other table come one after the other before the new table appears
         wait_until(lambda: orders.version() >= 3, run, what="the first batches")
-        create(pg, "big", 400_000)  # a copy of seconds, not milliseconds
-        with Load(pg, "big", 500_000, deletes=True) as load_big:
+        # a copy of seconds, not milliseconds, and a load on it before the pipeline sees it (a
+        # copy's snapshot taken before the load's first commit would copy none of its rows)
+        pg.execute("CREATE SCHEMA staging")
+        create(pg, "staging.big", 400_000)
+        with Load(pg, "big", 500_000, deletes=True, search_path="staging,public") as load_big:
+            load_big.wait_for(20)
+            pg.execute("ALTER TABLE staging.big SET SCHEMA public")
             # the other table's mirror while the new one is copied and caught up
             seen: list[int] = []
             shown: set[str] = set()  # the phases pgcdc_table_state showed
@@ -210,7 +227,7 @@ def test_an_added_table_is_copied_while_the_others_stream(
             assert "copying" in shown, shown
             assert metric_phases(running, "public.big") == {"streaming"}
             assert metric_phases(running, "public.orders") == {"streaming"}
-            load_big.wait_for(50)
+            load_big.wait_for(load_big.next - load_big.first + 20)  # streamed after the join
         load_orders.wait_for(50)
     run.stop()
     assert not run.failures and run.result is not None
