@@ -13,10 +13,10 @@ On one throwaway server:
    0.5 s, ``table_discovery_interval`` 1 s), is warmed up as ``bench-wide``'s (a transaction
    touching every table, then one of the workload, each waited for in the lake), then runs
    while one writer commits 2,000 changes/s in transactions of 20 (70/20/10 updates, inserts,
-   deletes of random keys) over one to three of the ten tables (``bench-wide``'s workload). After ``--before`` seconds (60 at scale 1),
-   ``ALTER TABLE staging.big SET SCHEMA probe``: the running pipeline finds the table, copies
-   it beside the stream and hands it over. The writer goes on until ``--after`` seconds (30 at
-   scale 1) after the table joined.
+   deletes of random keys) over one to three of the ten tables (``bench-wide``'s workload).
+   After ``--before`` seconds (60 at scale 1), ``ALTER TABLE staging.big SET SCHEMA probe``:
+   the running pipeline finds the table, copies it beside the stream and hands it over. The
+   writer goes on until ``--after`` seconds (30 at scale 1) after the table joined.
 
 Reported: the **online copy**'s time (the ``copied ... in S s`` line: the temporary slot, the
 copy, its landing and key indexes) and the time to join (from the ``ALTER`` to the table's
