@@ -309,16 +309,17 @@ INSERT INTO d SELECT g, g, CASE WHEN g % 5 = 0 THEN repeat(md5(g::text), 200) EN
 class JoiningLoad:
     """Changes of ``d`` (inserts, updates leaving its TOASTed value unchanged, deletes) and of
     ``a``, a transaction every 20 ms, until stopped: the stream keeps ``d``'s aside while it is
-    copied, and applies ``a``'s."""
+    copied, and applies ``a``'s. Its keys start at ``first``."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, first: int = 100_000) -> None:
         self.dsn = dsn
+        self.first = first
         self.stopping = threading.Event()
         self.errors: list[BaseException] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        key = 100_000
+        key = self.first
         try:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 while not self.stopping.is_set():
@@ -395,7 +396,7 @@ def test_kill_9_while_a_table_joins_loses_and_doubles_nothing(
     assert report.changes > 0
     assert not [p for p in (lake / "_pgcdc" / "held").rglob("*.parquet")]
 
-    with JoiningLoad(dsn):
+    with JoiningLoad(dsn, first=200_000):  # keys the first load did not reach
         assert main(["resync", "--config", str(config), "public.d"]) == 0
         time.sleep(1)
         proc = start_run(config, log, until_caught_up=True, env={KILL_ENV: "sync-landed"})
