@@ -17,6 +17,7 @@ from pgcdc.lake.store.state import (
     save_state,
 )
 from pgcdc.lake.store.tables import LakeLayout
+from pgcdc.metrics import TABLE_PHASES, PipelineMetrics
 
 
 def test_a_state_round_trips(tmp_path: Path) -> None:
@@ -58,6 +59,45 @@ def test_a_state_of_the_previous_format_loads_and_keeps_its_phases(tmp_path: Pat
     assert again == added
     assert again.copied_at() == {"public.u": "0/1A2B3C4"}
     assert json.loads(layout.state_file.local().read_text())["format"] == 5
+
+
+def test_every_table_has_one_phase_and_the_metrics_show_it() -> None:
+    """A table of the initial copy is copying until the snapshot is done, then streaming; a
+    table that joined, left or was parked has its recorded phase; ``pgcdc_table_state`` is 1
+    for that phase only, ``pgcdc_table_parked`` 1 for a parked table."""
+    state = PipelineState.new(
+        system_identifier="1", database="db", slot="s", publication="p", tables=("public.t",)
+    )
+    assert state.table_phases() == {"public.t": "copying"}
+    state = state.evolve(
+        snapshot_done=True,
+        tables=("public.t", "public.u"),
+        phases={
+            "public.u": TablePhase("streaming", "public", "u", copied_at="0/10"),
+            "public.v": TablePhase("catching-up", "public", "v"),
+            "public.w": TablePhase("parked", "public", "w", reason="why"),
+            "public.x": TablePhase("removed", "public", "x"),
+        },
+    )
+    phases = state.table_phases()
+    assert phases == {
+        "public.t": "streaming",
+        "public.u": "streaming",
+        "public.v": "catching-up",
+        "public.w": "parked",
+        "public.x": "removed",
+    }
+    metrics = PipelineMetrics("s")
+    metrics.record_tables(phases)
+    for table, phase in phases.items():
+        for name in TABLE_PHASES:
+            labels = {"slot": "s", "table": table, "state": name}
+            shown = metrics.registry.get_sample_value("pgcdc_table_state", labels)
+            assert shown == (1 if name == phase else 0), (table, name)
+        parked = metrics.registry.get_sample_value(
+            "pgcdc_table_parked", {"slot": "s", "table": table}
+        )
+        assert parked == (1 if phase == "parked" else 0), table
 
 
 def test_a_lake_of_the_delta_rs_writer_is_refused_with_the_fix(tmp_path: Path) -> None:
