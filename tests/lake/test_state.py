@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -13,6 +14,7 @@ from pgcdc.lake.store.state import (
     PipelineState,
     StateError,
     TablePhase,
+    TablePhaseName,
     load_state,
     save_state,
 )
@@ -87,6 +89,8 @@ def test_every_table_has_one_phase_and_the_metrics_show_it() -> None:
         "public.w": "parked",
         "public.x": "removed",
     }
+    # the metrics name the phases themselves (they sit below the lake): the same ones
+    assert sorted(TABLE_PHASES) == sorted(get_args(TablePhaseName))
     metrics = PipelineMetrics("s")
     metrics.record_tables(phases)
     for table, phase in phases.items():
