@@ -198,7 +198,10 @@ class LakeLocation:
         s3 = self.s3
         if s3 is None:
             return fs.LocalFileSystem()
-        options: dict[str, Any] = {"region": s3.region}
+        options: dict[str, Any] = {
+            "region": s3.region,
+            "retry_strategy": fs.AwsDefaultS3RetryStrategy(max_attempts=_arrow_attempts()),
+        }
         if s3.endpoint is not None:
             scheme, _, host = s3.endpoint.partition("://")
             options.update(endpoint_override=host, scheme=scheme)
@@ -763,6 +766,17 @@ _UNREACHABLE = (
     "ConnectionError",
 )
 _BUSY = ("500", "502", "503", "504", "InternalError", "ServiceUnavailable", "SlowDown")
+
+
+def _arrow_attempts() -> int:
+    """Attempts of Arrow's S3 requests for them to wait out a store down for
+    ``STORE_PATIENCE`` seconds as boto3's do: the AWS SDK's default strategy waits 25 ms x
+    2^n before its n-th retry (Arrow's default of 3 attempts gives up in 0.2 s)."""
+    attempts, waited = 1, 0.0
+    while waited < STORE_PATIENCE:
+        attempts += 1
+        waited += 0.025 * 2 ** (attempts - 1)
+    return attempts
 
 
 def _transient(exc: Exception) -> bool:
