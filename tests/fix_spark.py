@@ -48,26 +48,28 @@ def spark() -> Iterator[SparkSession]:
 
 
 def _session() -> SparkSession:
-    from pgcdc.lake.store.delta import delta_settings
+    from pgcdc.lake.store.delta import delta_settings, local_file_system
     from pgcdc.spark import spark_session
 
+    # with Delta's connector and pgcdc's local file system, as every pipeline's session
+    conf = delta_settings(
+        {
+            "spark.sql.streaming.stopTimeout": "30s",
+            "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+            "spark.python.worker.reuse": "true",
+            # as pipelines run local sessions (pgcdc.lake.run.pipeline.session_conf)
+            "spark.sql.adaptive.enabled": "false",
+            "spark.scheduler.mode": "FAIR",
+            # one JVM for the hundreds of lakes of a test session (Delta caches each
+            # table's log for an hour): more heap than one pipeline's
+            "spark.driver.memory": "2g",
+        }
+    )
+    local_file_system(conf)
     session: SparkSession = spark_session(
         "local[2]",
         "pgcdc-tests",
-        # with Delta's connector, as every pipeline's session
-        conf=delta_settings(
-            {
-                "spark.sql.streaming.stopTimeout": "30s",
-                "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
-                "spark.python.worker.reuse": "true",
-                # as pipelines run local sessions (pgcdc.lake.run.pipeline.session_conf)
-                "spark.sql.adaptive.enabled": "false",
-                "spark.scheduler.mode": "FAIR",
-                # one JVM for the hundreds of lakes of a test session (Delta caches each
-                # table's log for an hour): more heap than one pipeline's
-                "spark.driver.memory": "2g",
-            }
-        ),
+        conf=conf,
         # the tests' own JVM runs the whole session: the pgcdc runs they start write the
         # class data archive (and map it) instead
         class_data_sharing=False,

@@ -164,15 +164,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
-    from pgcdc.lake.store.delta import delta_settings, quiet_logs
+    from pgcdc.lake.store.delta import delta_settings, local_file_system, quiet_logs
     from pgcdc.lake.store.tables import LakeTable
     from pgcdc.lake.write.batch import LakeBatchWriter, table_column_pairs
     from pgcdc.spark import spark_session
 
+    conf = delta_settings({"spark.sql.adaptive.enabled": "false", **dict(args.conf)})
+    local_file_system(conf)
     spark = spark_session(
         "local[2]",
         "pgcdc-writer-profile",
-        conf=delta_settings({"spark.sql.adaptive.enabled": "false", **dict(args.conf)}),
+        conf=conf,
         class_data_sharing=False,
     )
     spark.sparkContext.setLogLevel("ERROR")

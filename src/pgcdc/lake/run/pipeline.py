@@ -81,6 +81,7 @@ from pgcdc.lake.run.table_sync import TableSyncs
 from pgcdc.lake.store.delta import (
     delta_settings,
     is_delta_table,
+    local_file_system,
     quiet_logs,
     quote_name,
     s3_jars_missing,
@@ -156,6 +157,7 @@ def session_conf(config: PipelineConfig) -> dict[str, str]:
     if config.catalog is not None:
         catalog_conf(conf, LakeLayout(location))
     if config.spark.master.startswith("local"):
+        local_file_system(conf)
         # adaptive execution cannot coalesce a local session's few shuffle partitions, and
         # it runs each shuffle stage as a job of its own: a fixed cost per stage
         conf.setdefault(ADAPTIVE_KEY, "false")

@@ -45,6 +45,8 @@ __all__ = [
     "CHECKPOINT_EVERY",
     "DELTA_PACKAGE",
     "DELTA_VERSION",
+    "LOCAL_FS",
+    "LOCAL_FS_JAR",
     "append_rows",
     "cache_level",
     "conflicts",
@@ -54,6 +56,7 @@ __all__ = [
     "delta_settings",
     "grows",
     "is_delta_table",
+    "local_file_system",
     "on_create",
     "plain_type",
     "quiet_logs",
@@ -97,9 +100,8 @@ DEFAULTS = {
     # vacuum's retention is [lake] vacuum_retention_hours, which may be under Delta's 168 h
     "spark.databricks.delta.retentionDurationCheck.enabled": "false",
     # a commit's checksum file (.crc, optional for every reader) is one more file written per
-    # commit (on a local lake, through Hadoop's local file system, which forks a shell command
-    # for each file's permissions: 0.15 s a commit here); the commit passes the new version's
-    # checksum to the table's state in memory anyway (``deltalog.TableLog.commit``)
+    # commit; the commit passes the new version's checksum to the table's state in memory
+    # anyway (``deltalog.TableLog.commit``)
     "spark.databricks.delta.writeChecksumFile.enabled": "false",
     # PySpark records each DataFrame call's Python call site in the JVM (for error messages):
     # four more gateway calls per call, and a batch of many tables builds its plan from tens
@@ -146,10 +148,38 @@ def s3_jars_missing() -> str | None:
     )
 
 
-def _add_to_list(settings: dict[str, str], key: str, values: Sequence[str]) -> None:
-    """Append ``values`` to a comma-separated setting, keeping what it had first."""
-    have = [v.strip() for v in settings.get(key, "").split(",") if v.strip()]
-    settings[key] = ",".join(have + [v for v in values if v not in have])
+def _add_to_list(
+    settings: dict[str, str], key: str, values: Sequence[str], *, sep: str = ","
+) -> None:
+    """Append ``values`` to a ``sep``-separated setting, keeping what it had first."""
+    have = [v.strip() for v in settings.get(key, "").split(sep) if v.strip()]
+    settings[key] = sep.join(have + [v for v in values if v not in have])
+
+
+#: pgcdc's own jar (``jvm/``, built by ``make setup`` into ``.cache/jars``): Hadoop's local
+#: file system without forked shell commands
+LOCAL_FS_JAR = "pgcdc-hadoop-local-"
+#: Hadoop's classes for file:// paths when that jar is loaded. Without Hadoop's native library
+#: (no Maven artifact ships it) Hadoop forks ``chmod`` for every file and folder Spark or Delta
+#: creates and ``readlink`` twice for every rename through FileContext: eight processes a
+#: Delta commit, most of a many-table batch's commit time on a local lake
+LOCAL_FS = {
+    "spark.hadoop.fs.file.impl": "dev.pgcdc.hadoop.ForklessLocalFileSystem",
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "dev.pgcdc.hadoop.ForklessLocalFs",
+}
+
+
+def local_file_system(settings: dict[str, str]) -> None:
+    """Add ``LOCAL_FS`` to the settings of a local session (``local[N]``: the driver is the
+    executors) when pgcdc's own jar is among the jars, keeping classes ``settings`` sets: the
+    jar on the driver's class path too (Hadoop loads its file system classes before Spark adds
+    ``spark.jars``). A cluster's executors keep Hadoop's classes: a jar's path here means
+    nothing on their machines."""
+    jar = next((j for j in connector_jars() if j.name.startswith(LOCAL_FS_JAR)), None)
+    if jar is None or any(key in settings for key in LOCAL_FS):
+        return
+    settings.update(LOCAL_FS)
+    _add_to_list(settings, "spark.driver.extraClassPath", [str(jar)], sep=os.pathsep)
 
 
 def delta_settings(conf: Mapping[str, str] | None = None, *, s3: bool = False) -> dict[str, str]:
