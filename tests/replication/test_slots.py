@@ -80,8 +80,14 @@ def test_exported_snapshot(pg: PgDatabase, two_phase: bool) -> None:
         assert info.confirmed_flush_lsn == exported.consistent_point
         assert info.two_phase is two_phase
     assert not exported.held
-    # the snapshot dies with the connection (its backend exits a moment after the close)
-    gone = (psycopg.errors.InvalidParameterValue, psycopg.errors.UndefinedObject)
+    # the snapshot dies with the connection (its backend exits a moment after the close):
+    # its file is gone, or is left for a moment by a process that is ("The source process
+    # with PID N is not running anymore", PostgreSQL's ImportSnapshot)
+    gone = (
+        psycopg.errors.InvalidParameterValue,
+        psycopg.errors.UndefinedObject,
+        psycopg.errors.ObjectNotInPrerequisiteState,
+    )
     deadline = time.monotonic() + 10
     while True:
         with pg.connect(autocommit=False) as late:
