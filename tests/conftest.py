@@ -20,7 +20,9 @@ settings.load_profile(os.environ.get("PGCDC_HYPOTHESIS", "ci"))
 # The pgcdc runs tests start are short: their driver JVMs (launched by spark-submit, which reads
 # this) compile with C1 only, which starts a run some 15% faster on two cores. The tests' own
 # session, which runs for the whole test session, keeps both compilers (tests/fix_spark.py).
-os.environ.setdefault(SUBMIT_OPTS, "-XX:TieredStopAtLevel=1")
+# C1 alone shrinks the JIT's code cache to 48 MB, which a long run over S3 (Hadoop's S3A and
+# the AWS SDK beside Spark and Delta) fills: the cache keeps the default size of a tiered JVM.
+os.environ.setdefault(SUBMIT_OPTS, "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m")
 
 
 #: The longest modules (their tests' seconds summed over a CI run, longest first), handed out

@@ -80,9 +80,6 @@ master = "local[2]"
 [spark.conf]
 "spark.sql.shuffle.partitions" = "4"
 "spark.sql.streaming.stopTimeout" = "30s"
-# the runs of the suite are short and many: the JIT's first tier only (its optimising tier
-# spends more CPU than these runs win back; the results are the same)
-"spark.driver.extraJavaOptions" = "-XX:TieredStopAtLevel=1"
 
 [stream]
 trigger_interval = {trigger}
