@@ -1210,49 +1210,38 @@ def _closed_copies(
     """Each closing's versions written anew as ended (their stored values, the end set, no
     longer current), by one Spark job for all histories: each history's files holding them
     are read (as Parquet, under the physical names: the rows are copied as they are), joined
-    with the requests by file and row index, and written by the shared writer. The files
-    written, by output."""
+    with every history's requests (one broadcast) by output, file and row index, and written
+    by the shared writer. The files written, by output."""
     from pyspark.sql import functions as F
 
     if not closings:
         return {}
-    packed = []
+    stored_parts = []
+    requests = []
     outputs = []
     for number, closing in enumerate(closings):
         target = closing.target
-        names = dict(zip(target.schema.names, target.physical.names, strict=True))
         base = closing.table.path.rstrip("/")
         # a file's path in the table (column mapping writes under random prefix folders);
         # joined by its name, unique
         files = closing.paths
         # the table's physical schema: a file written before a column was added lacks it (read
         # as NULL, as Delta's reader does)
-        stored = (
+        stored_parts.append(
             spark.read.schema(_spark_schema(target.physical))
             .parquet(*[f"{base}/{f}" for f in files])
             .select(
-                "*",
+                F.lit(number).alias(OUTPUT_COLUMN),
                 F.substring_index(F.col("_metadata.file_path"), "/", -1).alias("__pgcdc_file"),
                 F.col("_metadata.row_index").alias("__pgcdc_row"),
+                F.struct(*[F.col(quote_column(p)) for p in target.physical.names]).alias(
+                    packed_column(number)
+                ),
             )
         )
-        requests = spark.createDataFrame(closing.requests.to_pandas())
-        joined = stored.join(
-            F.broadcast(requests),
-            (F.col("__pgcdc_file") == F.col("file")) & (F.col("__pgcdc_row") == F.col("row")),
-        )
-        ended = {
-            names[END_LSN]: F.col("end_lsn"),
-            names[END_AT]: F.col("end_at"),
-            names[END_OP]: F.col("end_op"),
-            names[IS_CURRENT]: F.lit(False),
-        }
-        columns = [ended.get(p, F.col(quote_column(p))).alias(p) for p in target.physical.names]
-        packed.append(
-            joined.select(
-                F.lit(number).alias(OUTPUT_COLUMN),
-                F.struct(*columns).alias(packed_column(number)),
-            )
+        asked = closing.requests
+        requests.append(
+            asked.append_column("__pgcdc_out", pa.array([number] * asked.num_rows, pa.int32()))
         )
         # written as read: under the physical names already
         physical = SnapshotOutput(
@@ -1265,9 +1254,36 @@ def _closed_copies(
             target.stats,
         )
         outputs.append(Output(physical, keyed=False))
-    union = packed[0]
-    for more in packed[1:]:
-        union = union.unionByName(more, allowMissingColumns=True)
+    stored = stored_parts[0]
+    for more in stored_parts[1:]:
+        stored = stored.unionByName(more, allowMissingColumns=True)
+    # one broadcast for every history's requests: a broadcast join's hash relation takes a
+    # memory page of its own in the driver (up to 64 MB), one per history filled the heap
+    asked_all = spark.createDataFrame(pa.concat_tables(requests).to_pandas())
+    joined = stored.join(
+        F.broadcast(asked_all),
+        (F.col(OUTPUT_COLUMN) == F.col("__pgcdc_out"))
+        & (F.col("__pgcdc_file") == F.col("file"))
+        & (F.col("__pgcdc_row") == F.col("row")),
+    )
+    packed = []
+    for number, closing in enumerate(closings):
+        target = closing.target
+        names = dict(zip(target.schema.names, target.physical.names, strict=True))
+        ended = {
+            names[END_LSN]: F.col("end_lsn"),
+            names[END_AT]: F.col("end_at"),
+            names[END_OP]: F.col("end_op"),
+            names[IS_CURRENT]: F.lit(False),
+        }
+        values = F.col(packed_column(number))
+        columns = [ended.get(p, values.getField(p)).alias(p) for p in target.physical.names]
+        packed.append(
+            F.when(F.col(OUTPUT_COLUMN) == F.lit(number), F.struct(*columns)).alias(
+                packed_column(number)
+            )
+        )
+    union = joined.select(F.col(OUTPUT_COLUMN), *packed)
     tasks = max(1, int(spark.sparkContext.defaultParallelism))
     writer = SharedWriter(dict(enumerate(outputs)), location, tag)
     reports: dict[int, list[Mapping[str, Any]]] = {}
