@@ -400,3 +400,24 @@ def test_a_new_base_replaces_the_old_one_and_its_segments(tmp_path: Path) -> Non
     assert sorted(folder.names()) == [f"base-{version}.arrow", f"base-{version}.json"]
     assert len(index) == n + 70_000
     assert not index.base_due()
+
+
+def test_closed_versions_are_read_by_row_index_from_their_row_groups(tmp_path: Path) -> None:
+    """A closed version is read from its file by row index (its position in the file, across
+    row groups), only the row groups holding the asked rows, in the order asked; an index past
+    the file's rows is an error, never another row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow import fs
+
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"id": list(range(50))}), path, row_group_size=7)
+    assert pq.ParquetFile(path).num_row_groups == 8
+    asked = [48, 3, 7, 20, 21, 6, 49, 0]
+    requests = pa.table({"row": pa.array(asked, pa.int64())})
+    rows = indexed_module._stored_rows(fs.LocalFileSystem(), str(path), requests)
+    assert rows.column("id").to_pylist() == asked
+    with pytest.raises(ValueError, match="past the file's rows"):
+        indexed_module._stored_rows(
+            fs.LocalFileSystem(), str(path), pa.table({"row": pa.array([50], pa.int64())})
+        )

@@ -1200,49 +1200,120 @@ class _Closing:
     output: int
     table: TableLog
     target: SnapshotOutput
-    requests: pa.Table  # file (its name), row, end_lsn, end_at, end_op
-    paths: tuple[str, ...]  # the files' paths in the table, sorted, each once
+    requests: pa.Table  # path (the file's in the table), row, end_lsn, end_at, end_op
+
+
+#: a closing request as the closed copies' Spark job carries it (``_closed_copies``)
+_CLOSING_SPARK = "out int, path string, row long, end_lsn long, end_at timestamp, end_op string"
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedCopier:
+    """A Spark task's copier (``mapInArrow``) of histories' ended versions: from the closing
+    requests of the task (``_CLOSING_SPARK``: output, file, row index, how the version ends)
+    it reads each named file's row groups holding the rows (only those, under the physical
+    names: the rows are copied as stored), sets their end and writes each output's rows as
+    one Parquet file (``SharedWriter``'s files), reported as ``WRITTEN``."""
+
+    writer: SharedWriter  # its outputs: each history as stored (physical names both ways)
+    ended: Mapping[int, Mapping[str, str]]  # per output: the request's column by physical name
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.compute as pc
+
+        received = list(batches)
+        if not received:
+            return
+        asked = pa.Table.from_batches(received)
+        fs = self.writer.location.arrow_filesystem()
+        files: dict[int, _OutputFile] = {}
+        try:
+            for number in sorted(pc.unique(asked.column("out")).to_pylist()):
+                mine = asked.filter(pc.equal(asked.column("out"), number))
+                output = self.writer.outputs[number]
+                files[number] = out = _OutputFile(number, output, self.writer)
+                for path in sorted(pc.unique(mine.column("path")).to_pylist()):
+                    rows = mine.filter(pc.equal(mine.column("path"), path))
+                    uri = f"{output.target.directory.rstrip('/')}/{path}"
+                    stored = _stored_rows(fs, self.writer.location.arrow_path(uri), rows)
+                    for name, column in self.ended[number].items():
+                        value = (
+                            pa.array([False] * rows.num_rows, pa.bool_())
+                            if column == IS_CURRENT
+                            else rows.column(column)
+                        )
+                        at = stored.schema.get_field_index(name)
+                        stored = (
+                            stored.set_column(at, name, value)
+                            if at >= 0
+                            else stored.append_column(name, value)
+                        )
+                    for part in stored.to_batches():
+                        out.write(part)
+            reports = [f.close() for f in files.values()]
+        except BaseException:
+            for f in files.values():
+                f.abort()
+            raise
+        reports = [r for r in reports if r["path"] is not None]
+        if reports:
+            yield pa.RecordBatch.from_pylist(reports, schema=WRITTEN)
+
+
+def _stored_rows(fs: Any, path: str, requests: pa.Table) -> pa.Table:
+    """The rows of one stored data file the requests name by row index (the row's position in
+    the file, as Delta's deletion vectors and ``_metadata.row_index`` count), in their order:
+    only the row groups holding them are read."""
+    import pyarrow.parquet as pq
+
+    rows = requests.column("row").to_numpy().astype(np.int64)
+    with fs.open_input_file(path) as f:
+        parquet = pq.ParquetFile(f)
+        counts = np.array(
+            [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)],
+            dtype=np.int64,
+        )
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        if rows.size and (rows.min() < 0 or rows.max() >= starts[-1]):
+            raise ValueError(f"{path}: a closed version's row index is past the file's rows")
+        group = np.searchsorted(starts, rows, side="right") - 1
+        groups = np.unique(group)
+        read = parquet.read_row_groups(groups.tolist())
+    # each chosen group's first row in what was read (the groups concatenated in order)
+    first = np.concatenate([[0], np.cumsum(counts[groups])])[:-1]
+    local = rows - starts[group] + first[np.searchsorted(groups, group)]
+    return read.take(pa.array(local, pa.int64()))
 
 
 def _closed_copies(
     spark: Any, closings: Sequence[_Closing], location: LakeLocation, tag: str
 ) -> dict[int, list[DataFile]]:
     """Each closing's versions written anew as ended (their stored values, the end set, no
-    longer current), by one Spark job for all histories: each history's files holding them
-    are read (as Parquet, under the physical names: the rows are copied as they are), joined
-    with every history's requests (one broadcast) by output, file and row index, and written
-    by the shared writer. The files written, by output."""
+    longer current), by one Spark job for all histories: the requests spread over the tasks
+    by output, each task copying its outputs' rows from the files holding them
+    (``ClosedCopier``). The files written, by output.
+
+    The stored rows are read by the tasks with Arrow, not by a Spark scan per history: a
+    scan's plan differs with each table's physical schema, and a hundred of them in one job
+    were a hundred code generations (about half a second each)."""
     from pyspark.sql import functions as F
 
     if not closings:
         return {}
-    stored_parts = []
     requests = []
-    outputs = []
+    outputs = {}
+    ended = {}
     for number, closing in enumerate(closings):
         target = closing.target
-        base = closing.table.path.rstrip("/")
-        # a file's path in the table (column mapping writes under random prefix folders);
-        # joined by its name, unique
-        files = closing.paths
-        # the table's physical schema: a file written before a column was added lacks it (read
-        # as NULL, as Delta's reader does)
-        stored_parts.append(
-            spark.read.schema(_spark_schema(target.physical))
-            .parquet(*[f"{base}/{f}" for f in files])
-            .select(
-                F.lit(number).alias(OUTPUT_COLUMN),
-                F.substring_index(F.col("_metadata.file_path"), "/", -1).alias("__pgcdc_file"),
-                F.col("_metadata.row_index").alias("__pgcdc_row"),
-                F.struct(*[F.col(quote_column(p)) for p in target.physical.names]).alias(
-                    packed_column(number)
-                ),
-            )
-        )
         asked = closing.requests
-        requests.append(
-            asked.append_column("__pgcdc_out", pa.array([number] * asked.num_rows, pa.int32()))
-        )
+        requests.append(asked.add_column(0, "out", pa.array([number] * asked.num_rows, pa.int32())))
+        names = dict(zip(target.schema.names, target.physical.names, strict=True))
+        ended[number] = {
+            names[END_LSN]: "end_lsn",
+            names[END_AT]: "end_at",
+            names[END_OP]: "end_op",
+            names[IS_CURRENT]: IS_CURRENT,
+        }
         # written as read: under the physical names already
         physical = SnapshotOutput(
             target.table_id,
@@ -1253,42 +1324,13 @@ def _closed_copies(
             target.physical,
             target.stats,
         )
-        outputs.append(Output(physical, keyed=False))
-    stored = stored_parts[0]
-    for more in stored_parts[1:]:
-        stored = stored.unionByName(more, allowMissingColumns=True)
-    # one broadcast for every history's requests: a broadcast join's hash relation takes a
-    # memory page of its own in the driver (up to 64 MB), one per history filled the heap
-    asked_all = spark.createDataFrame(pa.concat_tables(requests).to_pandas())
-    joined = stored.join(
-        F.broadcast(asked_all),
-        (F.col(OUTPUT_COLUMN) == F.col("__pgcdc_out"))
-        & (F.col("__pgcdc_file") == F.col("file"))
-        & (F.col("__pgcdc_row") == F.col("row")),
-    )
-    packed = []
-    for number, closing in enumerate(closings):
-        target = closing.target
-        names = dict(zip(target.schema.names, target.physical.names, strict=True))
-        ended = {
-            names[END_LSN]: F.col("end_lsn"),
-            names[END_AT]: F.col("end_at"),
-            names[END_OP]: F.col("end_op"),
-            names[IS_CURRENT]: F.lit(False),
-        }
-        values = F.col(packed_column(number))
-        columns = [ended.get(p, values.getField(p)).alias(p) for p in target.physical.names]
-        packed.append(
-            F.when(F.col(OUTPUT_COLUMN) == F.lit(number), F.struct(*columns)).alias(
-                packed_column(number)
-            )
-        )
-    union = joined.select(F.col(OUTPUT_COLUMN), *packed)
-    tasks = max(1, int(spark.sparkContext.defaultParallelism))
-    writer = SharedWriter(dict(enumerate(outputs)), location, tag)
+        outputs[number] = Output(physical, keyed=False)
+    asked_all = spark.createDataFrame(pa.concat_tables(requests).to_pandas(), _CLOSING_SPARK)
+    tasks = max(1, min(len(closings), int(spark.sparkContext.defaultParallelism)))
+    copier = ClosedCopier(SharedWriter(outputs, location, tag), ended)
     reports: dict[int, list[Mapping[str, Any]]] = {}
     rows = _collect_without_adaptive(
-        spark, union.coalesce(tasks).mapInArrow(writer, _WRITTEN_SPARK)
+        spark, asked_all.repartition(tasks, F.col("out")).mapInArrow(copier, _WRITTEN_SPARK)
     ).to_pylist()
     for row in rows:
         reports.setdefault(int(row["output"]), []).append(row)
@@ -1307,30 +1349,18 @@ def _closing(
     stored = file_ids >= 0
     if not stored.any():
         return None
-    files = [unquote(index.file(int(f)).path) for f in file_ids[stored]]
     requests = pa.table(
         {
-            "file": pa.array([_file_name(f) for f in files], pa.string()),
+            "path": pa.array(
+                [unquote(index.file(int(f)).path) for f in file_ids[stored]], pa.string()
+            ),
             "row": pa.array(rows[stored], pa.int64()),
             "end_lsn": closes.column("end_lsn").filter(pa.array(stored)),
             "end_at": closes.column("end_at").filter(pa.array(stored)),
             "end_op": closes.column("end_op").filter(pa.array(stored)),
         }
     )
-    return _Closing(output, table, target, requests, tuple(sorted(set(files))))
-
-
-def _file_name(path: str) -> str:
-    """A data file's name from its path in the table, as ``_metadata.file_path`` ends."""
-    return path.rsplit("/", 1)[-1]
-
-
-def _spark_schema(schema: pa.Schema) -> Any:
-    """An Arrow schema as Spark's."""
-    from pyspark.sql import types as T
-    from pyspark.sql.pandas.types import from_arrow_type
-
-    return T.StructType([T.StructField(f.name, from_arrow_type(f.type), True) for f in schema])
+    return _Closing(output, table, target, requests)
 
 
 def direct_write(
