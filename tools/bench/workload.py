@@ -229,10 +229,13 @@ class MixedKeys:
         picks = updates + deletes
         if picks > self.n:
             raise RuntimeError(f"the table has {self.n} rows, fewer than {picks} to pick")
-        while True:
-            positions = self.rng.integers(0, self.n, size=picks)
-            if len(np.unique(positions)) == picks:
-                break
+        if picks * picks > self.n:  # draws with repeats would rarely come out distinct
+            positions = self.rng.choice(self.n, size=picks, replace=False)
+        else:
+            while True:
+                positions = self.rng.integers(0, self.n, size=picks)
+                if len(np.unique(positions)) == picks:
+                    break
         upd = self.live[positions[:updates]].copy()
         gone = positions[updates:]
         dels = self.live[gone].copy()
