@@ -517,7 +517,7 @@ def run_wide(
 
     warm_batch = batch_of(touch_all)
 
-    equal = []
+    equal: list[dict[str, Any]] = []
     for txn in map(server_time, bursts):
         at = lake.arrival(txn.lsn, [d for table in txn.tables for d in delta_tables(table)])
         line = batch_of(txn)
