@@ -40,8 +40,10 @@ from pgcdc.spark.options import (
     SnapshotSettings,
     parse_qualified_names,
     parse_size,
+    renamed_columns,
     snapshot_settings,
     stream_settings,
+    text_columns,
     type_choices,
 )
 from pgcdc.spark.schema import TypeChoices, parse_table_column, table_column
@@ -547,3 +549,24 @@ def test_skipped_tables_leave_the_catalog_and_are_known_by_oid_or_name() -> None
     assert table_column("public", "kept") in names
     assert table_column("public", "parked") not in names
     assert SourceCatalog((kept,), (), 180000).without([]).skipped == ()
+
+
+def test_per_table_options_parse_json_objects_and_name_what_is_wrong() -> None:
+    """``textColumns`` and ``renamedColumns``: a JSON object of table -> value; a table named
+    with and without its schema is one table; anything else is an error naming the option,
+    the table as written and an example."""
+    assert text_columns({}) == {}
+    assert renamed_columns({"renamedColumns": ""}) == {}
+    got = text_columns({"textColumns": '{"t": ["a"], "public.t": ["b"], "s.u": ["c"]}'})
+    assert got == {("public", "t"): frozenset({"a", "b"}), ("s", "u"): frozenset({"c"})}
+    renames = renamed_columns({"renamedColumns": '{"public.t": {"a": "b", "b": "c"}}'})
+    assert renames == {("public", "t"): {"a": "b", "b": "c"}}
+    assert list(renames[("public", "t")]) == ["a", "b"]  # the order the renames happened
+    with pytest.raises(OptionError, match=r"option textColumns is not a JSON object.*Fix"):
+        text_columns({"textColumns": "[1]"})
+    with pytest.raises(OptionError, match="option renamedColumns is not a JSON object"):
+        renamed_columns({"renamedColumns": "{nope"})
+    with pytest.raises(OptionError, match="the columns of 't' are not a list of column names"):
+        text_columns({"textColumns": '{"t": "a"}'})
+    with pytest.raises(OptionError, match=r"the renames of 's\.t' are not an object of column"):
+        renamed_columns({"renamedColumns": '{"s.t": {"a": ""}}'})

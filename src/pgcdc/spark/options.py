@@ -68,7 +68,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pgcdc import sizes
 from pgcdc.lsn import Lsn
@@ -403,25 +403,38 @@ def _row_filters(options: Mapping[str, str]) -> dict[tuple[str, str], list[str]]
     return filters
 
 
-def text_columns(options: Mapping[str, str]) -> dict[tuple[str, str], frozenset[str]]:
-    """The option ``textColumns`` (both readers): a JSON object of table -> the column names
-    read as the text their type's output function prints."""
-    text = _get(options, "textColumns")
+def _per_table(
+    options: Mapping[str, str], option: str, example: str
+) -> list[tuple[str, tuple[str, str], Any]]:
+    """Option ``option``'s JSON object of table name -> value, as (the name as written, the
+    table, the value) in the object's order (a table named twice, say with and without its
+    schema, comes twice)."""
+    text = _get(options, option)
     if not text:
-        return {}
-    example = 'write textColumns={"public.t": ["price", "matrix"]}'
+        return []
     try:
         parsed = json.loads(text)
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):
-        raise OptionError("option textColumns is not a JSON object", example)
+        raise OptionError(f"option {option} is not a JSON object", example)
+    pairs = []
+    for name, value in parsed.items():
+        (table,) = parse_qualified_names(option, name)
+        pairs.append((name, table, value))
+    return pairs
+
+
+def text_columns(options: Mapping[str, str]) -> dict[tuple[str, str], frozenset[str]]:
+    """The option ``textColumns`` (both readers): a JSON object of table -> the column names
+    read as the text their type's output function prints."""
+    example = 'write textColumns={"public.t": ["price", "matrix"]}'
     result: dict[tuple[str, str], frozenset[str]] = {}
-    for name, columns in parsed.items():
-        (table,) = parse_qualified_names("textColumns", name)
+    for name, table, columns in _per_table(options, "textColumns", example):
         if not isinstance(columns, list) or not all(isinstance(c, str) and c for c in columns):
             raise OptionError(
-                f"textColumns: the columns of {name!r} are not a list of column names", example
+                f"textColumns: the columns of {name!r} are not a list of column names",
+                example,
             )
         result[table] = result.get(table, frozenset()) | frozenset(columns)
     return result
@@ -430,19 +443,9 @@ def text_columns(options: Mapping[str, str]) -> dict[tuple[str, str], frozenset[
 def renamed_columns(options: Mapping[str, str]) -> dict[tuple[str, str], dict[str, str]]:
     """The option ``renamedColumns`` (streams): a JSON object of table -> {former column
     name: its name now}, in the order the renames happened."""
-    text = _get(options, "renamedColumns")
-    if not text:
-        return {}
     example = 'write renamedColumns={"public.t": {"old_name": "new_name"}}'
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise OptionError("option renamedColumns is not a JSON object", example)
     result: dict[tuple[str, str], dict[str, str]] = {}
-    for name, renames in parsed.items():
-        (table,) = parse_qualified_names("renamedColumns", name)
+    for name, table, renames in _per_table(options, "renamedColumns", example):
         if not isinstance(renames, dict) or not all(
             isinstance(k, str) and k and isinstance(v, str) and v for k, v in renames.items()
         ):
