@@ -238,6 +238,26 @@ def make_writer(lake: Path, tables: list[LakeTable], *, indexed: bool) -> LakeBa
     )
 
 
+def write_both(
+    spark: Any,
+    lakes: tuple[Path, Path],
+    tables: list[LakeTable],
+    streams: list[Stream],
+    schema: Any,
+    *,
+    batch_id: int,
+    transactions: int,
+    truncating: set[int],
+) -> None:
+    """One batch of every stream (``transactions`` each; a TRUNCATE first in the streams
+    ``truncating`` names) written to the indexed lake and to the merged one."""
+    rows = [r for i, st in enumerate(streams) for r in st.batch(transactions, i in truncating)]
+    df = spark.createDataFrame(rows, schema)
+    indexed, merged = lakes
+    make_writer(indexed, tables, indexed=True)(df, batch_id)
+    make_writer(merged, tables, indexed=False)(df, batch_id)
+
+
 def maintain(spark: Any, lake: Path, table: LakeTable, step: str) -> None:
     """A compaction as pgcdc's maintenance makes it (its metadata tells the index to follow
     it), or a purge made by another tool (the index is rebuilt)."""
@@ -268,14 +288,16 @@ def test_indexed_mirrors_equal_merged_mirrors(spark: Any, tmp_path: Path) -> Non
         (6, set(), None),
     ]
     for batch_id, (transactions, truncating, between) in enumerate(plan):
-        rows = [
-            row
-            for i, stream in enumerate(streams)
-            for row in stream.batch(transactions, i in truncating)
-        ]
-        df = spark.createDataFrame(rows, schema)
-        make_writer(indexed, tables, indexed=True)(df, batch_id)
-        make_writer(merged, tables, indexed=False)(df, batch_id)
+        write_both(
+            spark,
+            (indexed, merged),
+            tables,
+            streams,
+            schema,
+            batch_id=batch_id,
+            transactions=transactions,
+            truncating=truncating,
+        )
         last = batch_id == len(plan) - 1
         for table, stream in zip(tables, streams, strict=True):
             expected = stream.expected()
@@ -318,14 +340,16 @@ def test_indexed_histories_without_toast_equal_merged_histories(
 
     monkeypatch.setattr(indexed_module, "_history_parts", counted)
     for batch_id, (transactions, truncating, forget) in enumerate(plan):
-        rows = [
-            row
-            for i, stream in enumerate(streams)
-            for row in stream.batch(transactions, i in truncating)
-        ]
-        df = spark.createDataFrame(rows, schema)
-        make_writer(indexed, tables, indexed=True)(df, batch_id)
-        make_writer(merged, tables, indexed=False)(df, batch_id)
+        write_both(
+            spark,
+            (indexed, merged),
+            tables,
+            streams,
+            schema,
+            batch_id=batch_id,
+            transactions=transactions,
+            truncating=truncating,
+        )
         for table, stream in zip(tables, streams, strict=True):
             what = f"batch {batch_id} {table.table_id}"
             assert lake_rows(indexed, table) == stream.expected(), what
