@@ -238,24 +238,25 @@ def make_writer(lake: Path, tables: list[LakeTable], *, indexed: bool) -> LakeBa
     )
 
 
-def write_both(
-    spark: Any,
-    lakes: tuple[Path, Path],
-    tables: list[LakeTable],
-    streams: list[Stream],
-    schema: Any,
-    *,
-    batch_id: int,
-    transactions: int,
-    truncating: set[int],
-) -> None:
-    """One batch of every stream (``transactions`` each; a TRUNCATE first in the streams
-    ``truncating`` names) written to the indexed lake and to the merged one."""
-    rows = [r for i, st in enumerate(streams) for r in st.batch(transactions, i in truncating)]
-    df = spark.createDataFrame(rows, schema)
-    indexed, merged = lakes
-    make_writer(indexed, tables, indexed=True)(df, batch_id)
-    make_writer(merged, tables, indexed=False)(df, batch_id)
+@dataclass
+class TwoLakes:
+    """An indexed lake and a merged one, written the same batches of the same streams."""
+
+    indexed: Path
+    merged: Path
+    tables: list[LakeTable]
+    streams: list[Stream]
+    schema: Any
+
+    def write(self, spark: Any, batch_id: int, transactions: int, truncating: set[int]) -> None:
+        """One batch of every stream (``transactions`` each; a TRUNCATE first in the streams
+        ``truncating`` names) written to both lakes."""
+        rows = [
+            r for i, st in enumerate(self.streams) for r in st.batch(transactions, i in truncating)
+        ]
+        df = spark.createDataFrame(rows, self.schema)
+        make_writer(self.indexed, self.tables, indexed=True)(df, batch_id)
+        make_writer(self.merged, self.tables, indexed=False)(df, batch_id)
 
 
 def maintain(spark: Any, lake: Path, table: LakeTable, step: str) -> None:
@@ -280,7 +281,7 @@ def test_indexed_mirrors_equal_merged_mirrors(spark: Any, tmp_path: Path) -> Non
     tables = [lake_table(k, history=i % 2 == 1) for i, k in enumerate(KEY_TYPES)]
     streams = [Stream(k, seed=i + 1, slot=i, width=len(KEY_TYPES)) for i, k in enumerate(KEY_TYPES)]
     indexed, merged = tmp_path / "indexed", tmp_path / "merged"
-    schema = source_schema(KEY_TYPES)
+    lakes = TwoLakes(indexed, merged, tables, streams, source_schema(KEY_TYPES))
     plan: list[tuple[int, set[int], str | None]] = [
         (10, set(), "compact"),
         (6, {0, 3}, "forget"),  # TRUNCATEs: the MERGE for those tables, then the index rebuilt
@@ -288,16 +289,7 @@ def test_indexed_mirrors_equal_merged_mirrors(spark: Any, tmp_path: Path) -> Non
         (6, set(), None),
     ]
     for batch_id, (transactions, truncating, between) in enumerate(plan):
-        write_both(
-            spark,
-            (indexed, merged),
-            tables,
-            streams,
-            schema,
-            batch_id=batch_id,
-            transactions=transactions,
-            truncating=truncating,
-        )
+        lakes.write(spark, batch_id, transactions, truncating)
         last = batch_id == len(plan) - 1
         for table, stream in zip(tables, streams, strict=True):
             expected = stream.expected()
@@ -329,7 +321,7 @@ def test_indexed_histories_without_toast_equal_merged_histories(
         Stream(k, seed=i + 11, slot=i, width=len(keys), toast=False) for i, k in enumerate(keys)
     ]
     indexed, merged = tmp_path / "indexed", tmp_path / "merged"
-    schema = source_schema(keys)
+    lakes = TwoLakes(indexed, merged, tables, streams, source_schema(keys))
     plan: list[tuple[int, set[int], bool]] = [(10, set(), False), (8, {1}, True), (8, set(), False)]
     shared: list[int] = []
     parts = indexed_module._history_parts
@@ -340,16 +332,7 @@ def test_indexed_histories_without_toast_equal_merged_histories(
 
     monkeypatch.setattr(indexed_module, "_history_parts", counted)
     for batch_id, (transactions, truncating, forget) in enumerate(plan):
-        write_both(
-            spark,
-            (indexed, merged),
-            tables,
-            streams,
-            schema,
-            batch_id=batch_id,
-            transactions=transactions,
-            truncating=truncating,
-        )
+        lakes.write(spark, batch_id, transactions, truncating)
         for table, stream in zip(tables, streams, strict=True):
             what = f"batch {batch_id} {table.table_id}"
             assert lake_rows(indexed, table) == stream.expected(), what
