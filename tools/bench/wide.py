@@ -241,6 +241,19 @@ def load_tables(conn: psycopg.Connection[Any], names: Sequence[str], rows: int) 
     return float(size or 0.0)
 
 
+#: ``bench_wide_txn``'s arrays: each change's table, kind (U, I, D) and key
+_Arrays = tuple[list[str], list[str], list[int]]
+
+
+def _deal(arrays: _Arrays, name: str, upd: Any, ins: Any, dels: Any) -> None:
+    """Table ``name``'s updates, inserts and deletes of these keys added to ``arrays``."""
+    tabs, kinds, ids = arrays
+    for kind, keys in (("U", upd), ("I", ins), ("D", dels)):
+        tabs += [name] * len(keys)
+        kinds += [kind] * len(keys)
+        ids += keys.tolist()
+
+
 @dataclass
 class WideWorkload:
     """The transactions: each picks 1 to 3 tables (uniformly) and deals its 7 updates, 2
@@ -269,37 +282,24 @@ class WideWorkload:
         ops = self.rng.permutation(
             ["U"] * self.updates + ["I"] * self.inserts + ["D"] * self.deletes
         )
-        tabs: list[str] = []
-        kinds: list[str] = []
-        ids: list[int] = []
+        arrays: _Arrays = ([], [], [])
         for j, t in enumerate(picked):
             mine = list(ops[j::k])
-            upd, ins, dels = self.keys[t].transaction(
-                mine.count("U"), mine.count("I"), mine.count("D")
-            )
-            for kind, keys in (("U", upd), ("I", ins), ("D", dels)):
-                tabs += [self.names[t]] * len(keys)
-                kinds += [kind] * len(keys)
-                ids += keys.tolist()
+            counts = mine.count("U"), mine.count("I"), mine.count("D")
+            _deal(arrays, self.names[t], *self.keys[t].transaction(*counts))
         touched = tuple(self.names[t] for t in picked)
-        return (tabs, kinds, ids), touched
+        return arrays, touched
 
     def burst(self, changes: int) -> tuple[tuple[Any, ...], tuple[str, ...]]:
         """One transaction of ``changes`` changes dealt evenly over every table, each table's
         share 70% updates, 20% inserts and 10% deletes (the equal-changes batches)."""
-        tabs: list[str] = []
-        kinds: list[str] = []
-        ids: list[int] = []
+        arrays: _Arrays = ([], [], [])
         count = len(self.names)
         for t, (name, keys) in enumerate(zip(self.names, self.keys, strict=True)):
             share = changes // count + (1 if t < changes % count else 0)
             updates, inserts = round(share * 0.7), round(share * 0.2)
-            upd, ins, dels = keys.transaction(updates, inserts, share - updates - inserts)
-            for kind, made in (("U", upd), ("I", ins), ("D", dels)):
-                tabs += [name] * len(made)
-                kinds += [kind] * len(made)
-                ids += made.tolist()
-        return (tabs, kinds, ids), tuple(self.names)
+            _deal(arrays, name, *keys.transaction(updates, inserts, share - updates - inserts))
+        return arrays, tuple(self.names)
 
     def touch_all(self) -> tuple[tuple[Any, ...], tuple[str, ...]]:
         """One update of a random row in every table (the warm-up)."""
