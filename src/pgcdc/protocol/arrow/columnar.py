@@ -458,7 +458,11 @@ def _stream_runs(
                 f"stream context {streams!r} does not fit {count} messages: give (index, xid) "
                 "pairs in index order"
             )
-        if end > start:
+        if end <= start:
+            continue
+        if runs and runs[-1][2] == xid:  # one block for a spool's run of transactions
+            runs[-1] = (runs[-1][0], end, xid)
+        else:
             runs.append((start, end, xid))
     return runs
 
