@@ -450,7 +450,7 @@ def _stream_runs(
     points = list(streams)
     if not points or points[0][0] != 0:
         points.insert(0, (0, None))
-    runs = []
+    runs: list[tuple[int, int, int | None]] = []
     for i, (start, xid) in enumerate(points):
         end = points[i + 1][0] if i + 1 < len(points) else count
         if not 0 <= start <= end <= count:
