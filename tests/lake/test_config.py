@@ -200,6 +200,7 @@ def test_maintenance_settings() -> None:
     assert parse_config(BASE).lake.maintenance() == Maintenance()
     lake = {
         "path": "/tmp/lake",
+        "checkpoint_commits": 10,
         "compact_files": 0,
         "target_file_size": "32MB",
         "vacuum": False,
@@ -207,6 +208,7 @@ def test_maintenance_settings() -> None:
         "vacuum_interval": 60,
     }
     assert parse_config({**BASE, "lake": lake}).lake.maintenance() == Maintenance(
+        checkpoint_commits=10,
         compact_files=0,
         target_file_size=32 << 20,
         vacuum=False,

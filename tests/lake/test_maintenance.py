@@ -79,23 +79,27 @@ def test_small_files_are_compacted_and_replaced_files_vacuumed(spark: Any, tmp_p
 
 def test_commits_leave_checkpoints_to_maintenance(spark: Any, tmp_path: Path) -> None:
     """Tables pgcdc creates do not checkpoint in the committing thread (a batch would wait for
-    it); maintenance checkpoints every ``CHECKPOINT_EVERY`` commits, beside the batches, and
-    Delta's reader and delta-rs read the table from it."""
-    path = _appended(spark, tmp_path / "t", CHECKPOINT_EVERY + 2)
+    it, even at Delta's own interval of 10 commits); maintenance checkpoints every
+    ``checkpoint_commits`` commits, beside the batches, and Delta's reader and delta-rs read the
+    table from it."""
+    every = 10
+    assert every < CHECKPOINT_EVERY and Maintenance().checkpoint_commits == CHECKPOINT_EVERY
+    path = _appended(spark, tmp_path / "t", every + 2)
     log_ = TableLog(spark, path)
-    assert log_.version() == CHECKPOINT_EVERY + 2  # the creation, then one commit a file
+    assert log_.version() == every + 2  # the creation, then one commit a file
     assert log_.checkpoint_version() == -1, "a commit wrote a checkpoint"
-    maintenance = Maintenance(compact_files=0, vacuum=False)
+    assert not Maintenance(compact_files=0, vacuum=False).checkpoint_if_due(spark, "t", path)
+    maintenance = Maintenance(checkpoint_commits=every, compact_files=0, vacuum=False)
     assert maintenance.checkpoint_if_due(spark, "t", path)
-    assert log_.checkpoint_version() == CHECKPOINT_EVERY + 2
+    assert log_.checkpoint_version() == every + 2
     assert (tmp_path / "t" / "_delta_log" / "_last_checkpoint").is_file()
     assert not maintenance.checkpoint_if_due(spark, "t", path)  # not due again yet
-    _appended(spark, tmp_path / "t", CHECKPOINT_EVERY - 1, start=CHECKPOINT_EVERY + 2)
+    _appended(spark, tmp_path / "t", every - 1, start=every + 2)
     assert not maintenance.checkpoint_if_due(spark, "t", path)
-    _appended(spark, tmp_path / "t", 1, start=2 * CHECKPOINT_EVERY + 1)
+    _appended(spark, tmp_path / "t", 1, start=2 * every + 1)
     maintenance.after_batch(spark, [("t", path)])  # as a batch's maintenance
-    assert log_.checkpoint_version() == 2 * CHECKPOINT_EVERY + 2
-    expected = list(range(10 * (2 * CHECKPOINT_EVERY + 2)))
+    assert log_.checkpoint_version() == 2 * every + 2
+    expected = list(range(10 * (2 * every + 2)))
     assert sorted(DeltaTarget(path).read().column("id").to_pylist()) == expected
     spark_rows = spark.read.format("delta").load(path).collect()
     assert sorted(r["id"] for r in spark_rows) == expected

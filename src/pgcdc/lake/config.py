@@ -42,9 +42,10 @@ Reference (defaults in brackets):
     holds a value no lake column can, is parked (no longer written or read while the others
     stream on, until ``pgcdc resync``), or "stop" stops the pipeline, or "resync" copies it
     anew at once;
-    ``compact_files`` [100], ``target_file_size`` ["16MB"], ``purge_deleted_share`` [0.25],
-    ``vacuum`` [true], ``vacuum_retention_hours`` [168] and ``vacuum_interval`` [3600]:
-    compaction of each Delta table's small files, purging of the rows its deletion vectors mark
+    ``checkpoint_commits`` [50], ``compact_files`` [100], ``target_file_size`` ["16MB"],
+    ``purge_deleted_share`` [0.25], ``vacuum`` [true], ``vacuum_retention_hours`` [168] and
+    ``vacuum_interval`` [3600]: checkpoints of each Delta table's log, compaction of its small
+    files, purging of the rows its deletion vectors mark
     and removal of replaced files, between batches (``pgcdc.lake.write.maintenance``). ``path`` may
     be ``s3://bucket/prefix``: ``[lake.s3]`` then says how to reach the store (``endpoint``,
     ``region`` ["us-east-1"], ``path_style`` [false]); credentials come from the environment.
@@ -459,6 +460,15 @@ class LakeSettings(_Model):
             "'stop' the pipeline, or 'resync' it (copied anew at once)"
         ),
     )
+    checkpoint_commits: int = Field(
+        default=_MAINTENANCE.checkpoint_commits,
+        ge=1,
+        description=(
+            "write a checkpoint of a Delta table's log once this many commits followed its last "
+            "one (a reader replays at most this many commit files; a checkpoint is a few Spark "
+            "jobs, and a batch over many tables commits each)"
+        ),
+    )
     compact_files: int = Field(
         default=_MAINTENANCE.compact_files,
         ge=0,
@@ -514,6 +524,7 @@ class LakeSettings(_Model):
     def maintenance(self) -> Maintenance:
         """When to compact, purge and vacuum the Delta tables, as these settings say."""
         return Maintenance(
+            checkpoint_commits=self.checkpoint_commits,
             compact_files=self.compact_files,
             target_file_size=self.target_file_size,
             purge_deleted_share=self.purge_deleted_share,

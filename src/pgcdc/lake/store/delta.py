@@ -110,8 +110,10 @@ DEFAULTS = {
 }
 
 #: a Delta table's log gets a checkpoint every this many commits, by maintenance
-#: (``pgcdc.lake.write.maintenance``), beside the batches
-CHECKPOINT_EVERY = 10
+#: (``pgcdc.lake.write.maintenance``), beside the batches (``[lake] checkpoint_commits``).
+#: Not Delta's 10: a checkpoint is three Spark jobs (0.7 s a small table when idle, 2 to 4 s
+#: beside batches), and a batch over a hundred tables is a commit of each
+CHECKPOINT_EVERY = 50
 
 #: every table pgcdc creates
 TABLE_PROPERTIES = {
@@ -120,7 +122,7 @@ TABLE_PROPERTIES = {
     # Delta writes a checkpoint in the committing thread, after the commit and before the
     # commit call returns (2-4 s here, a batch's whole time again): maintenance writes them
     # instead, and this is only the fallback should it fall far behind
-    "delta.checkpointInterval": str(100 * CHECKPOINT_EVERY),
+    "delta.checkpointInterval": str(20 * CHECKPOINT_EVERY),
 }
 
 

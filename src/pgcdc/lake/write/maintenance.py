@@ -146,10 +146,12 @@ def _last_commit(
 
 @dataclass(frozen=True, slots=True)
 class Maintenance:
-    """When to compact, purge and vacuum (``[lake] compact_files``, ``target_file_size``,
-    ``purge_deleted_share``, ``vacuum``, ``vacuum_retention_hours``, ``vacuum_interval``);
-    picklable, like the batch writer that holds it."""
+    """When to checkpoint, compact, purge and vacuum (``[lake] checkpoint_commits``,
+    ``compact_files``, ``target_file_size``, ``purge_deleted_share``, ``vacuum``,
+    ``vacuum_retention_hours``, ``vacuum_interval``); picklable, like the batch writer that
+    holds it."""
 
+    checkpoint_commits: int = CHECKPOINT_EVERY
     compact_files: int = 100  # 0: never compact
     target_file_size: int = 16 << 20
     purge_deleted_share: float = 0.25  # 1.0 or more: never purge
@@ -219,13 +221,13 @@ class Maintenance:
                         _gave_way.pop(key, None)
 
     def checkpoint_if_due(self, spark: Any, name: str, path: str) -> bool:
-        """Checkpoint the table's log when ``CHECKPOINT_EVERY`` commits or more followed its
+        """Checkpoint the table's log when ``checkpoint_commits`` commits or more followed its
         newest checkpoint (tables pgcdc creates leave that to this step: ``TABLE_PROPERTIES``);
         whether it did."""
         log_ = TableLog(spark, path)
         snapshot = log_.snapshot()
         version = int(snapshot.version())
-        if version - log_.checkpoint_version(snapshot) < CHECKPOINT_EVERY:
+        if version - log_.checkpoint_version(snapshot) < self.checkpoint_commits:
             return False
         started = time.monotonic()
         log_.checkpoint(snapshot)
