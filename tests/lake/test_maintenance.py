@@ -82,14 +82,16 @@ def test_commits_leave_checkpoints_to_maintenance(spark: Any, tmp_path: Path) ->
     it, even at Delta's own interval of 10 commits); maintenance checkpoints every
     ``checkpoint_commits`` commits, beside the batches, and Delta's reader and delta-rs read the
     table from it."""
-    every = 10
-    assert every < CHECKPOINT_EVERY and Maintenance().checkpoint_commits == CHECKPOINT_EVERY
+    assert Maintenance().checkpoint_commits == CHECKPOINT_EVERY
+    maintenance = Maintenance(checkpoint_commits=10, compact_files=0, vacuum=False)
+    path = str(tmp_path / "t")
+    every = maintenance.checkpoint_interval(path)
+    assert 5 < every <= 10 < CHECKPOINT_EVERY // 2
     path = _appended(spark, tmp_path / "t", every + 2)
     log_ = TableLog(spark, path)
     assert log_.version() == every + 2  # the creation, then one commit a file
     assert log_.checkpoint_version() == -1, "a commit wrote a checkpoint"
     assert not Maintenance(compact_files=0, vacuum=False).checkpoint_if_due(spark, "t", path)
-    maintenance = Maintenance(checkpoint_commits=every, compact_files=0, vacuum=False)
     assert maintenance.checkpoint_if_due(spark, "t", path)
     assert log_.checkpoint_version() == every + 2
     assert (tmp_path / "t" / "_delta_log" / "_last_checkpoint").is_file()
@@ -103,6 +105,20 @@ def test_commits_leave_checkpoints_to_maintenance(spark: Any, tmp_path: Path) ->
     assert sorted(DeltaTarget(path).read().column("id").to_pylist()) == expected
     spark_rows = spark.read.format("delta").load(path).collect()
     assert sorted(r["id"] for r in spark_rows) == expected
+
+
+def test_checkpoints_of_tables_committed_together_are_spread() -> None:
+    """A hundred tables that every batch commits reach their checkpoint interval in the same
+    batch; each table's interval is shortened by up to half, by its path, so that their
+    checkpoints do not all come in one batch."""
+    maintenance = Maintenance(checkpoint_commits=50)
+    paths = [f"/lake/probe/t{i:03d}" for i in range(100)]
+    intervals = [maintenance.checkpoint_interval(p) for p in paths]
+    assert all(26 <= n <= 50 for n in intervals)
+    assert len(set(intervals)) >= 20
+    assert max(intervals.count(n) for n in set(intervals)) <= 12
+    assert intervals == [maintenance.checkpoint_interval(p) for p in paths]  # stable
+    assert Maintenance(checkpoint_commits=1).checkpoint_interval(paths[0]) == 1
 
 
 def test_a_lake_taken_over_is_not_maintained_by_the_run_that_lost_it(

@@ -465,8 +465,9 @@ class LakeSettings(_Model):
         ge=1,
         description=(
             "write a checkpoint of a Delta table's log once this many commits followed its last "
-            "one (a reader replays at most this many commit files; a checkpoint is a few Spark "
-            "jobs, and a batch over many tables commits each)"
+            "one, less up to half by the table's path (a reader replays at most this many "
+            "commit files; a checkpoint is a few Spark jobs, and a batch over many tables "
+            "commits each)"
         ),
     )
     compact_files: int = Field(

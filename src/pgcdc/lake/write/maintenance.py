@@ -42,6 +42,7 @@ import contextlib
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -220,14 +221,22 @@ class Maintenance:
                     with _lock:
                         _gave_way.pop(key, None)
 
+    def checkpoint_interval(self, path: str) -> int:
+        """The commits between two checkpoints of the table at ``path``: ``checkpoint_commits``
+        less up to half of it, by the path's hash. Tables that every batch commits (a pipeline's
+        hundred small tables) would all come due in the same batch, a burst of a hundred
+        checkpoints; this spreads them over the batches."""
+        spread = zlib.crc32(path.encode()) % max(1, self.checkpoint_commits // 2)
+        return self.checkpoint_commits - spread
+
     def checkpoint_if_due(self, spark: Any, name: str, path: str) -> bool:
-        """Checkpoint the table's log when ``checkpoint_commits`` commits or more followed its
+        """Checkpoint the table's log when ``checkpoint_interval`` commits or more followed its
         newest checkpoint (tables pgcdc creates leave that to this step: ``TABLE_PROPERTIES``);
         whether it did."""
         log_ = TableLog(spark, path)
         snapshot = log_.snapshot()
         version = int(snapshot.version())
-        if version - log_.checkpoint_version(snapshot) < self.checkpoint_commits:
+        if version - log_.checkpoint_version(snapshot) < self.checkpoint_interval(path):
             return False
         started = time.monotonic()
         log_.checkpoint(snapshot)
