@@ -84,8 +84,7 @@ def test_commits_leave_checkpoints_to_maintenance(spark: Any, tmp_path: Path) ->
     table from it."""
     assert Maintenance().checkpoint_commits == CHECKPOINT_EVERY
     maintenance = Maintenance(checkpoint_commits=10, compact_files=0, vacuum=False)
-    path = str(tmp_path / "t")
-    every = maintenance.checkpoint_interval(path)
+    every = maintenance.checkpoint_interval(str(tmp_path / "t"))
     assert 5 < every <= 10 < CHECKPOINT_EVERY // 2
     path = _appended(spark, tmp_path / "t", every + 2)
     log_ = TableLog(spark, path)

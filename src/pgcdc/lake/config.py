@@ -45,10 +45,10 @@ Reference (defaults in brackets):
     ``checkpoint_commits`` [50], ``compact_files`` [100], ``target_file_size`` ["16MB"],
     ``purge_deleted_share`` [0.25], ``vacuum`` [true], ``vacuum_retention_hours`` [168] and
     ``vacuum_interval`` [3600]: checkpoints of each Delta table's log, compaction of its small
-    files, purging of the rows its deletion vectors mark
-    and removal of replaced files, between batches (``pgcdc.lake.write.maintenance``). ``path`` may
-    be ``s3://bucket/prefix``: ``[lake.s3]`` then says how to reach the store (``endpoint``,
-    ``region`` ["us-east-1"], ``path_style`` [false]); credentials come from the environment.
+    files, purging of the rows its deletion vectors mark and removal of replaced files, between
+    batches (``pgcdc.lake.write.maintenance``). ``path`` may be ``s3://bucket/prefix``:
+    ``[lake.s3]`` then says how to reach the store (``endpoint``, ``region`` ["us-east-1"],
+    ``path_style`` [false]); credentials come from the environment.
 ``[spark]``
     ``master`` ["local[*]"]: ``local[N]``, ``spark://host:port``, ``yarn`` or ``k8s://...``
     (not Spark Connect: the lake is written through Delta's Spark connector in the driver's
@@ -523,7 +523,8 @@ class LakeSettings(_Model):
         return LakeLocation.parse(self.path, s3).register()
 
     def maintenance(self) -> Maintenance:
-        """When to compact, purge and vacuum the Delta tables, as these settings say."""
+        """When to checkpoint, compact, purge and vacuum the Delta tables, as these settings
+        say."""
         return Maintenance(
             checkpoint_commits=self.checkpoint_commits,
             compact_files=self.compact_files,

@@ -111,8 +111,8 @@ DEFAULTS = {
 
 #: a Delta table's log gets a checkpoint every this many commits, by maintenance
 #: (``pgcdc.lake.write.maintenance``), beside the batches (``[lake] checkpoint_commits``).
-#: Not Delta's 10: a checkpoint is three Spark jobs (0.7 s a small table when idle, 2 to 4 s
-#: beside batches), and a batch over a hundred tables is a commit of each
+#: Not Delta's 10: a checkpoint is a few Spark jobs, and a batch over many tables commits to
+#: each of them
 CHECKPOINT_EVERY = 50
 
 #: every table pgcdc creates
