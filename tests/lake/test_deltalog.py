@@ -5,11 +5,13 @@ next process the table's state rebuilt."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 from pgcdc.lake.store.delta import create_table
 from pgcdc.lake.store.deltalog import TableLog, write_checksums
+from pgcdc.lake.store.target import DeltaTarget
 
 
 def _jobs(spark: Any) -> int:
@@ -77,3 +79,70 @@ def test_commits_run_no_spark_job_and_a_restart_reads_the_checksum(
     assert commit.operation == "STREAMING UPDATE"
     assert commit.transactions == {"test-deltalog": 7}
     assert commit.metadata == {"batch": 7}
+
+
+def _mark(spark: Any, path: str, rows: list[int], batch: int) -> None:
+    """Mark ``rows`` (row indexes) of the table's one data file deleted, in one commit."""
+    import numpy as np
+
+    table = TableLog(spark, path)
+    snapshot = table.snapshot()
+    (stored,) = table.files(snapshot)
+    updated = table.mark_deleted([(stored, np.array(rows, dtype=np.int64))])
+    now = int(time.time() * 1000)
+    table.commit(
+        [stored.remove_action(now), updated[stored.path].add_action()],
+        snapshot=snapshot,
+        session=spark,
+        app_id="test-deltalog",
+        txn_version=batch,
+        metadata={"batch": batch},
+    )
+
+
+def test_deletion_vectors_merge_with_the_ones_written_before_and_after_a_restart(
+    spark: Any, tmp_path: Path
+) -> None:
+    from pyspark.sql import types as T
+
+    from pgcdc.lake.store import deltalog
+
+    path = str(tmp_path / "t")
+    schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
+    create_table(spark, path, schema, stats_columns=["id"], what="t")
+    rows = [(i, f"v{i}") for i in range(1000)]
+    spark.createDataFrame(rows, schema).coalesce(1).write.format("delta").mode("append").save(path)
+    (first,) = TableLog(spark, path).files()
+    # the file's rows in order (column mapping: its columns have physical names; id is first)
+    order = [r[0] for r in spark.read.parquet(f"{path}/{first.path}").collect()]
+    gone: set[int] = set()
+
+    def mark(positions: list[int], batch: int) -> None:
+        _mark(spark, path, positions, batch)
+        gone.update(order[p] for p in positions)
+        expected = sorted(set(order) - gone)
+        seen = sorted(r["id"] for r in spark.read.format("delta").load(path).collect())
+        assert seen == expected
+        read = DeltaTarget(path).read(["id"]).column("id").to_pylist()
+        assert sorted(read) == expected
+
+    mark([0, 5, 999], 1)
+    (marked,) = TableLog(spark, path).files()
+    assert marked.deletion_vector is not None
+    key = deltalog._vector_key(path, marked.deletion_vector)
+    held = deltalog._WRITTEN_VECTORS.take(key)  # the vector this process wrote is remembered
+    assert held is not None and held.tolist() == [0, 5, 999]
+    deltalog._WRITTEN_VECTORS.put(key, held)
+    mark([5, 6, 500], 2)  # merged with the remembered vector (5 again: once)
+    assert deltalog._WRITTEN_VECTORS.take(key) is None  # replaced: no longer held
+    (marked,) = TableLog(spark, path).files()
+    assert marked.deletion_vector is not None
+    assert marked.deletion_vector["cardinality"] == 5
+    # as a new process: nothing remembered, the current vector read through Delta's store
+    held = deltalog._WRITTEN_VECTORS.take(deltalog._vector_key(path, marked.deletion_vector))
+    assert held is not None and held.tolist() == [0, 5, 6, 500, 999]
+    _forget_logs(spark)
+    mark([1, 2, 500], 3)
+    (marked,) = TableLog(spark, path).files()
+    assert marked.deletion_vector is not None
+    assert marked.deletion_vector["cardinality"] == 7

@@ -31,6 +31,8 @@ import json
 import logging
 import threading
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -178,6 +180,8 @@ class _Classes:
         delta = jvm.org.apache.spark.sql.delta
         self.DeltaLog = delta.DeltaLog
         self.Action = delta.actions.Action
+        #: a static method resolved once (each ``Action.fromJson`` looks it up again)
+        self.action_from_json = delta.actions.Action.fromJson
         self.DeletionVectorDescriptor = delta.actions.DeletionVectorDescriptor
         self.HadoopFileSystemDVStore = delta.storage.dv.HadoopFileSystemDVStore
         self.portable = delta.deletionvectors.RoaringBitmapArrayFormat.Portable()
@@ -195,6 +199,18 @@ class _Classes:
         self.UUID = jvm.java.util.UUID
         self.String = jvm.java.lang.String
         self.HadoopPath = jvm.org.apache.hadoop.fs.Path
+        # static methods called per table or per action, resolved once: a class's member is
+        # looked up by a gateway call of its own each time it is named
+        self.for_table = self.DeltaLog.forTable
+        self.option = self.Option.apply
+        self.as_java = self.converters.asJava
+        self.as_scala = self.converters.asScala
+        self.set_active_session = self.SparkSession.setActiveSession
+        self.random_uuid = self.UUID.randomUUID
+        self.dv_path = self.DeletionVectorDescriptor.assembleDeletionVectorPath
+        self.on_disk_dv = self.DeletionVectorDescriptor.onDiskWithRelativePath
+        self.delta_file = self.FileNames.unsafeDeltaFile
+        self.join = self.String.join
 
 
 _CLASSES: dict[int, _Classes] = {}
@@ -209,6 +225,58 @@ def _classes(jvm: Any) -> _Classes:
         return found
 
 
+class _WrittenVectors:
+    """The row indexes of the deletion vectors this process wrote, by table path, vector file
+    and offset (those name a vector's bytes for good: Delta never rewrites a file of vectors),
+    so that the next batch marking more rows of the same data file merges with them without
+    reading them back through the gateway. Bounded by the row indexes held (the oldest go
+    first); a vector not held is read by Delta's store."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: OrderedDict[tuple[str, str, int], np.ndarray] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def put(self, key: tuple[str, str, int], values: np.ndarray) -> None:
+        with self._lock:
+            self._held[key] = values
+            self._size += int(values.size)
+            while self._size > self.limit and self._held:
+                _, gone = self._held.popitem(last=False)
+                self._size -= int(gone.size)
+
+    def take(self, key: tuple[str, str, int]) -> np.ndarray | None:
+        with self._lock:
+            values = self._held.pop(key, None)
+            if values is not None:
+                self._size -= int(values.size)
+            return values
+
+
+#: 16M row indexes: 128 MiB at most
+_WRITTEN_VECTORS = _WrittenVectors(16 << 20)
+
+
+def _vector_key(path: str, vector: Mapping[str, Any]) -> tuple[str, str, int]:
+    return (path, str(vector["pathOrInlineDv"]), int(vector.get("offset") or 0))
+
+
+_DV_STORES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _dv_store(spark: Any, c: _Classes) -> Any:
+    """Delta's deletion-vector store over ``spark``'s Hadoop configuration, one per session (a
+    new Hadoop configuration copies every setting: a tenth of the driver's time in a batch's
+    commits)."""
+    with _CLASSES_LOCK:
+        store = _DV_STORES.get(spark)
+        if store is None:
+            hadoop = spark._jsparkSession.sessionState().newHadoopConf()
+            store = _DV_STORES[spark] = c.HadoopFileSystemDVStore(hadoop)
+        return store
+
+
 class TableLog:
     """One Delta table's log through the connector's JVM classes (a driver-side handle; cheap
     to make: Delta caches its ``DeltaLog`` per path)."""
@@ -220,7 +288,7 @@ class TableLog:
         self._jvm = spark.sparkContext._jvm
         self._c = _classes(self._jvm)
         self.path = str(path)
-        self._log = self._c.DeltaLog.forTable(spark._jsparkSession, self.path)
+        self._log = self._c.for_table(spark._jsparkSession, self.path)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -274,10 +342,10 @@ class TableLog:
         log_path = self._log.logPath()
         for version in range(int(start), last + 1):
             try:
-                lines = store.read(c.FileNames.unsafeDeltaFile(log_path, version), hadoop)
+                lines = store.read(c.delta_file(log_path, version), hadoop)
             except Exception as exc:  # py4j's error: the file is gone (or the log unreadable)
                 raise LookupError(f"{self.path}: commit {version} is not in the log") from exc
-            text = c.String.join("\n", c.converters.asJava(lines))
+            text = c.join("\n", c.as_java(lines))
             yield _parse_commit(version, [line for line in str(text).split("\n") if line])
 
     def newest_commits(self, limit: int) -> Iterator[Commit]:
@@ -366,29 +434,31 @@ class TableLog:
     def mark_deleted(self, marks: Sequence[tuple[DataFile, np.ndarray]]) -> dict[str, DataFile]:
         """Write deletion vectors marking the rows ``marks`` gives (row indexes in each file)
         deleted, each merged with the file's current one, into one new file of deletion
-        vectors in the table's folder (Delta's store); each file as it is to be added back."""
+        vectors in the table's folder (Delta's store); each file as it is to be added back.
+
+        Three gateway calls a file marked: a batch of a hundred tables touches thousands of
+        files. A file's current vector is taken from the ones this process wrote (a vector's
+        file and offset name its bytes for good: ``_WrittenVectors``), else read by Delta's
+        store."""
         if not marks:
             return {}
         c = self._c
-        hadoop = self._spark._jsparkSession.sessionState().newHadoopConf()
-        store = c.HadoopFileSystemDVStore(hadoop)
+        store = _dv_store(self._spark, c)
         table_path = c.HadoopPath(self.path)
-        file_id = c.UUID.randomUUID()
-        dv_path = c.DeletionVectorDescriptor.assembleDeletionVectorPath(table_path, file_id, "")
-        portable = c.portable
+        file_id = c.random_uuid()
+        dv_path = c.dv_path(table_path, file_id, "")
         writer = store.createWriter(store.pathWithFileSystem(dv_path))
         updated: dict[str, DataFile] = {}
         storage_type: str | None = None
         path_or_inline: str | None = None
+        remembered: list[tuple[tuple[str, str, int], np.ndarray]] = []
         try:
             for data_file, rows in marks:
                 values = np.unique(np.asarray(rows, dtype=np.int64))
                 if values.size and (values[0] < 0 or values[-1] >= 2**31):
                     raise ValueError(f"{self.path}: row index out of range for a deletion vector")
                 if data_file.deletion_vector is not None:
-                    previous = store.read(self._descriptor(data_file), table_path)
-                    stored = deletion_vectors.decode(bytes(previous.serializeAsByteArray(portable)))
-                    values = np.union1d(values, stored)
+                    values = np.union1d(values, self._stored_vector(store, table_path, data_file))
                 cardinality = int(values.size)
                 if data_file.records >= 0 and cardinality > data_file.records:
                     raise RuntimeError(
@@ -397,29 +467,40 @@ class TableLog:
                     )
                 written = writer.write(deletion_vectors.encode(values))
                 offset, length = int(written.offset()), int(written.length())
-                descriptor = c.DeletionVectorDescriptor.onDiskWithRelativePath(
-                    file_id, "", length, cardinality, c.Option.apply(offset), c.none
-                )
                 if path_or_inline is None:  # the same file of vectors for every file marked
+                    descriptor = c.on_disk_dv(
+                        file_id, "", length, cardinality, c.option(offset), c.none
+                    )
                     storage_type = str(descriptor.storageType())
                     path_or_inline = str(descriptor.pathOrInlineDv())
+                vector = {
+                    "storageType": storage_type,
+                    "pathOrInlineDv": path_or_inline,
+                    "offset": offset,
+                    "sizeInBytes": length,
+                    "cardinality": cardinality,
+                }
+                remembered.append((_vector_key(self.path, vector), values))
                 updated[data_file.path] = replace(
-                    data_file,
-                    deletion_vector={
-                        "storageType": storage_type,
-                        "pathOrInlineDv": path_or_inline,
-                        "offset": offset,
-                        "sizeInBytes": length,
-                        "cardinality": cardinality,
-                    },
-                    stats=_loose_stats(data_file.stats),
+                    data_file, deletion_vector=vector, stats=_loose_stats(data_file.stats)
                 )
         finally:
             writer.close()
+        for key, values in remembered:  # only once the file of vectors is whole
+            _WRITTEN_VECTORS.put(key, values)
         return updated
 
-    def _descriptor(self, data_file: DataFile) -> Any:
-        return self._c.Action.fromJson(json.dumps(data_file.add_action())).deletionVector()
+    def _stored_vector(self, store: Any, table_path: Any, data_file: DataFile) -> np.ndarray:
+        """The row indexes ``data_file``'s current deletion vector marks."""
+        vector = data_file.deletion_vector
+        assert vector is not None
+        key = _vector_key(self.path, vector)
+        known = _WRITTEN_VECTORS.take(key)  # replaced by this write: not needed again
+        if known is not None:
+            return known
+        descriptor = self._c.action_from_json(json.dumps(data_file.add_action())).deletionVector()
+        previous = store.read(descriptor, table_path)
+        return deletion_vectors.decode(bytes(previous.serializeAsByteArray(self._c.portable)))
 
     # -- committing ------------------------------------------------------------------------
 
@@ -457,10 +538,12 @@ class TableLog:
                 )
             )
         java_actions = c.ArrayList()
+        add = java_actions.add
+        from_json = c.action_from_json
         for line in lines:
-            java_actions.add(c.Action.fromJson(line))
-        sequence = c.converters.asScala(java_actions).toSeq()
-        meta = c.Option.apply(user_metadata(metadata))
+            add(from_json(line))
+        sequence = c.as_scala(java_actions).toSeq()
+        meta = c.option(user_metadata(metadata))
         if operation == "stream":
             op = c.StreamingUpdate(c.update_mode, app_id or "", int(txn_version or 0), meta)
         else:
@@ -468,8 +551,8 @@ class TableLog:
             none = c.none
             op = c.Write(c.append, none, none, meta, none, none, none, none, none)
         # Delta reads settings (and the WRITE operation its own) from the thread's active session
-        c.SparkSession.setActiveSession(session._jsparkSession)
-        txn = self._log.startTransaction(c.none, c.Option.apply(snapshot))
+        c.set_active_session(session._jsparkSession)
+        txn = self._log.startTransaction(c.none, c.option(snapshot))
         committed = int(txn.commit(sequence, op))
         with _TXN_LOCK:
             _COMMITTED[self.path] = self._log

@@ -19,23 +19,24 @@ class _SessionPool:
     """Idle Spark sessions for the threads writing tables, reused from batch to batch: a
     session per write would leave the context a session (and its listeners) per table and
     batch until a garbage collection cleans them up. Sessions of a stopped context (another
-    application id) are dropped."""
+    ``SparkContext`` object: compared by identity, as an application id is three gateway
+    calls) are dropped."""
 
     def __init__(self) -> None:
-        self._idle: list[tuple[str, Any]] = []
+        self._idle: list[tuple[Any, Any]] = []
         self._lock = threading.Lock()
 
     def borrow(self, spark: Any) -> Any:
-        app = spark.sparkContext.applicationId
+        context = spark.sparkContext
         with self._lock:
-            self._idle = [(a, s) for a, s in self._idle if a == app]
+            self._idle = [(c, s) for c, s in self._idle if c is context]
             if self._idle:
                 return self._idle.pop()[1]
         return spark.newSession()
 
     def give_back(self, session: Any) -> None:
         with self._lock:
-            self._idle.append((session.sparkContext.applicationId, session))
+            self._idle.append((session.sparkContext, session))
 
 
 _SESSIONS = _SessionPool()
