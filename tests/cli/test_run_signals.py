@@ -175,7 +175,10 @@ def test_sigterm_to_every_process_as_systemd_stops_after_the_batch(
             everyone = session_members(proc.pid)
             assert len(everyone) >= 4, everyone  # pgcdc, the JVM, daemons, the stream's reader
             for pid in everyone:
-                os.kill(pid, signal.SIGTERM)
+                # a Python worker may have ended since the listing: systemd signals the
+                # processes the group holds when it stops, so one gone is no failure
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
             code = proc.wait(180)
     finally:
         kill_group(proc)
