@@ -23,11 +23,19 @@ def _forget_logs(spark: Any) -> None:
     spark.sparkContext._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
 
 
-def _commit(spark: Any, path: str, batch: int) -> int:
+def _commit(
+    spark: Any,
+    path: str,
+    batch: int,
+    actions: list[dict[str, Any]] | None = None,
+    snapshot: Any | None = None,
+) -> int:
+    """Commit ``actions`` (none by default) as batch ``batch``, on top of ``snapshot`` (default:
+    the table's latest)."""
     table = TableLog(spark, path)
     return table.commit(
-        [],
-        snapshot=table.snapshot(),
+        actions or [],
+        snapshot=table.snapshot() if snapshot is None else snapshot,
         session=spark,
         app_id="test-deltalog",
         txn_version=batch,
@@ -90,14 +98,8 @@ def _mark(spark: Any, path: str, rows: list[int], batch: int) -> None:
     (stored,) = table.files(snapshot)
     updated = table.mark_deleted([(stored, np.array(rows, dtype=np.int64))])
     now = int(time.time() * 1000)
-    table.commit(
-        [stored.remove_action(now), updated[stored.path].add_action()],
-        snapshot=snapshot,
-        session=spark,
-        app_id="test-deltalog",
-        txn_version=batch,
-        metadata={"batch": batch},
-    )
+    actions = [stored.remove_action(now), updated[stored.path].add_action()]
+    _commit(spark, path, batch, actions, snapshot)
 
 
 def test_deletion_vectors_merge_with_the_ones_written_before_and_after_a_restart(

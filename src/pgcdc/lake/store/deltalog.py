@@ -180,8 +180,6 @@ class _Classes:
         delta = jvm.org.apache.spark.sql.delta
         self.DeltaLog = delta.DeltaLog
         self.Action = delta.actions.Action
-        #: a static method resolved once (each ``Action.fromJson`` looks it up again)
-        self.action_from_json = delta.actions.Action.fromJson
         self.DeletionVectorDescriptor = delta.actions.DeletionVectorDescriptor
         self.HadoopFileSystemDVStore = delta.storage.dv.HadoopFileSystemDVStore
         self.portable = delta.deletionvectors.RoaringBitmapArrayFormat.Portable()
@@ -202,6 +200,7 @@ class _Classes:
         # static methods called per table or per action, resolved once: a class's member is
         # looked up by a gateway call of its own each time it is named
         self.for_table = self.DeltaLog.forTable
+        self.action_from_json = self.Action.fromJson
         self.option = self.Option.apply
         self.as_java = self.converters.asJava
         self.as_scala = self.converters.asScala
