@@ -11,7 +11,7 @@
 #     versions) from Maven Central into .cache/jars, with Maven (Debian's maven when missing;
 #     tools/maven.sh: silent unless it fails)
 #   - pgcdc's own JVM classes (jvm/pom.xml: Hadoop's local file system without forked shell
-#     commands), built with Maven into .cache/jars
+#     commands, Delta's calls of a commit batched), built with Maven into .cache/jars
 #   - Hadoop's S3A connector and the AWS SDK modules it uses (tools/jars/s3/pom.xml) into
 #     .cache/jars-s3, loaded only for lakes on s3:// paths
 #   - S3Proxy, the S3 server of the tests (tools/s3proxy/pom.xml), into .cache/s3proxy
@@ -73,16 +73,18 @@ fetch_jars() {
 }
 # pgcdc's Spark sessions load every jar of .cache/jars (pgcdc.lake.store.delta)
 fetch_jars tools/jars/pom.xml .cache/jars "Delta Lake's Spark connector"
-# pgcdc's own classes (jvm/pom.xml: Hadoop's local file system without forked commands), built
-# when a source is newer than the jar, then copied beside the connector's (fetch_jars empties
-# that folder when its pom changes)
-LOCAL_FS_JAR=jvm/target/pgcdc-hadoop-local-1.jar
-if [ ! -f "$LOCAL_FS_JAR" ] || [ -n "$(find jvm/pom.xml jvm/src -newer "$LOCAL_FS_JAR" -print -quit)" ]; then
+# pgcdc's own classes (jvm/pom.xml: Hadoop's local file system without forked commands, Delta's
+# calls of a commit batched), built when a source is newer than the jar, then copied beside the
+# connector's (fetch_jars empties that folder when its pom changes; the jar's name before it
+# also held the batched calls goes)
+PGCDC_JAR=jvm/target/pgcdc-jvm-1.jar
+rm -f .cache/jars/pgcdc-hadoop-local-*.jar
+if [ ! -f "$PGCDC_JAR" ] || [ -n "$(find jvm/pom.xml jvm/src -newer "$PGCDC_JAR" -print -quit)" ]; then
     log "building pgcdc's JVM classes (jvm/pom.xml)"
     if ! command -v mvn >/dev/null 2>&1; then apt_install maven; fi
     tools/maven.sh -f jvm/pom.xml -DskipTests package
 fi
-cp "$LOCAL_FS_JAR" .cache/jars/
+cp "$PGCDC_JAR" .cache/jars/
 # a folder of its own: only lakes on s3:// paths add it, local lakes keep the class path above
 fetch_jars tools/jars/s3/pom.xml .cache/jars-s3 "Hadoop's S3A connector"
 # test-only (tests/fix_s3.py starts it), never on Spark's class path

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pgcdc.lake.store.delta import create_table
 from pgcdc.lake.store.deltalog import TableLog, write_checksums
 from pgcdc.lake.store.target import DeltaTarget
@@ -148,3 +150,49 @@ def test_deletion_vectors_merge_with_the_ones_written_before_and_after_a_restart
     (marked,) = TableLog(spark, path).files()
     assert marked.deletion_vector is not None
     assert marked.deletion_vector["cardinality"] == 7
+
+
+def test_batched_calls_of_the_jar_commit_what_the_calls_one_by_one_commit(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pgcdc's jar parses a commit's actions and writes its deletion vectors in one gateway
+    call each; without the jar the same Delta calls are made one by one. Both commit the same
+    table, as Spark's Delta reader and delta-rs read it."""
+    import numpy as np
+    from pyspark.sql import types as T
+
+    from pgcdc.lake.store import deltalog
+
+    classes = deltalog._classes(spark.sparkContext._jvm)
+    assert classes.batched is not None, "pgcdc's jar is not loaded: run `make setup`"
+    schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
+    rows = [(i, f"v{i}") for i in range(3000)]
+    seen: dict[str, list[int]] = {}
+    for how in ("batched", "one by one"):
+        if how == "one by one":
+            monkeypatch.setattr(classes, "batched", None)
+        path = str(tmp_path / how.replace(" ", "-"))
+        create_table(spark, path, schema, stats_columns=["id"], what="t")
+        df = spark.createDataFrame(rows, schema).repartition(3, "id").sortWithinPartitions("id")
+        df.write.format("delta").mode("append").save(path)
+        for batch in (1, 2):  # the second merges with the first's vectors
+            table = TableLog(spark, path)
+            snapshot = table.snapshot()
+            stored = sorted(table.files(snapshot), key=lambda f: f.stats or "")
+            marks = [(f, np.arange(batch, 600, 7 * (n + 1) * batch)) for n, f in enumerate(stored)]
+            updated = table.mark_deleted(marks)
+            now = int(time.time() * 1000)
+            actions = [
+                a for f in stored for a in (f.remove_action(now), updated[f.path].add_action())
+            ]
+            _commit(spark, path, batch, actions, snapshot)
+        by_spark = sorted(r["id"] for r in spark.read.format("delta").load(path).collect())
+        assert sorted(DeltaTarget(path).read(["id"]).column("id").to_pylist()) == by_spark
+        cardinalities = sorted(
+            f.deletion_vector["cardinality"]
+            for f in TableLog(spark, path).files()
+            if f.deletion_vector is not None
+        )
+        assert len(cardinalities) == 3 and len(by_spark) == 3000 - sum(cardinalities)
+        seen[how] = by_spark
+    assert seen["batched"] == seen["one by one"]

@@ -343,7 +343,7 @@ def test_indexed_histories_without_toast_equal_merged_histories(
 
 
 def test_a_replayed_batch_is_skipped_and_a_new_process_reads_the_index(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     key = KEY_TYPES[0]
     table = lake_table(key)
@@ -364,6 +364,17 @@ def test_a_replayed_batch_is_skipped_and_a_new_process_reads_the_index(
     assert lake_rows(lake, table, spark) == stream.expected()
     commits = target.commits(3)
     assert all(meta is not None and "index" in meta for _, _, meta in commits[:2])
+    # a segment is not flushed when written: one a machine's crash left empty is found, and
+    # the index rebuilt from the table
+    folder = index_folder(LakeLayout(lake), table, "mirror").local()
+    token = commits[0][2]["index"]  # type: ignore[index]
+    (folder / f"seg-{token}.arrow").write_bytes(b"")
+    forget_indexes()
+    fourth = spark.createDataFrame(stream.batch(10), schema)
+    with caplog.at_level("WARNING", logger="pgcdc.lake"):
+        make_writer(lake, [table], indexed=True)(fourth, 3)
+    assert f"segment {token} unreadable" in caplog.text
+    assert lake_rows(lake, table, spark) == stream.expected()
 
 
 def test_a_new_base_replaces_the_old_one_and_its_segments(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import SparkSession
 
-from pgcdc.lake.store.delta import LOCAL_FS, LOCAL_FS_JAR, connector_jars, local_file_system
+from pgcdc.lake.store.delta import LOCAL_FS, PGCDC_JAR, connector_jars, local_file_system
 
 
 def _hadoop(spark: SparkSession) -> tuple[Any, Any]:
@@ -37,7 +37,7 @@ def _last_pid() -> int:
 
 
 def test_a_local_session_uses_it_and_make_setup_builds_it(spark: SparkSession) -> None:
-    assert any(j.name.startswith(LOCAL_FS_JAR) for j in connector_jars()), (
+    assert any(j.name.startswith(PGCDC_JAR) for j in connector_jars()), (
         "pgcdc's jar is not in .cache/jars: run `make setup` (it builds jvm/pom.xml)"
     )
     jvm, conf = _hadoop(spark)

@@ -46,7 +46,7 @@ __all__ = [
     "DELTA_PACKAGE",
     "DELTA_VERSION",
     "LOCAL_FS",
-    "LOCAL_FS_JAR",
+    "PGCDC_JAR",
     "append_rows",
     "cache_level",
     "conflicts",
@@ -159,8 +159,9 @@ def _add_to_list(
 
 
 #: pgcdc's own jar (``jvm/``, built by ``make setup`` into ``.cache/jars``): Hadoop's local
-#: file system without forked shell commands
-LOCAL_FS_JAR = "pgcdc-hadoop-local-"
+#: file system without forked shell commands, and the batched calls of a Delta commit
+#: (``pgcdc.lake.store.deltalog``)
+PGCDC_JAR = "pgcdc-jvm-"
 #: Hadoop's classes for file:// paths when that jar is loaded. Without Hadoop's native library
 #: (no Maven artifact ships it) Hadoop forks ``chmod`` for every file and folder Spark or Delta
 #: creates and ``readlink`` twice for every rename through FileContext: eight processes a
@@ -177,7 +178,7 @@ def local_file_system(settings: dict[str, str]) -> None:
     jar on the driver's class path too (Hadoop loads its file system classes before Spark adds
     ``spark.jars``). A cluster's executors keep Hadoop's classes: a jar's path here means
     nothing on their machines."""
-    jar = next((j for j in connector_jars() if j.name.startswith(LOCAL_FS_JAR)), None)
+    jar = next((j for j in connector_jars() if j.name.startswith(PGCDC_JAR)), None)
     if jar is None or any(key in settings for key in LOCAL_FS):
         return
     settings.update(LOCAL_FS)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
+from py4j.java_gateway import JavaClass  # type: ignore[import-untyped]
 
 from pgcdc.lake.store import deletion_vectors
 from pgcdc.lake.store.delta import user_metadata
@@ -210,6 +211,10 @@ class _Classes:
         self.on_disk_dv = self.DeletionVectorDescriptor.onDiskWithRelativePath
         self.delta_file = self.FileNames.unsafeDeltaFile
         self.join = self.String.join
+        # pgcdc's jar (``jvm/``): a commit's calls per action and per vector as one; None
+        # when the session did not load it (py4j names a missing class as a package)
+        batched = jvm.dev.pgcdc.delta.BatchedCalls
+        self.batched = batched if isinstance(batched, JavaClass) else None
 
 
 _CLASSES: dict[int, _Classes] = {}
@@ -435,8 +440,9 @@ class TableLog:
         deleted, each merged with the file's current one, into one new file of deletion
         vectors in the table's folder (Delta's store); each file as it is to be added back.
 
-        Three gateway calls a file marked: a batch of a hundred tables touches thousands of
-        files. A file's current vector is taken from the ones this process wrote (a vector's
+        A few gateway calls a commit, whatever the files marked (a batch of a hundred tables
+        touches thousands): the vectors are encoded here and written by one call. A file's
+        current vector is taken from the ones this process wrote (a vector's
         file and offset name its bytes for good: ``_WrittenVectors``), else read by Delta's
         store."""
         if not marks:
@@ -444,50 +450,68 @@ class TableLog:
         c = self._c
         store = _dv_store(self._spark, c)
         table_path = c.HadoopPath(self.path)
-        file_id = c.random_uuid()
-        dv_path = c.dv_path(table_path, file_id, "")
-        writer = store.createWriter(store.pathWithFileSystem(dv_path))
-        updated: dict[str, DataFile] = {}
-        storage_type: str | None = None
-        path_or_inline: str | None = None
-        remembered: list[tuple[tuple[str, str, int], np.ndarray]] = []
-        try:
-            for data_file, rows in marks:
-                values = np.unique(np.asarray(rows, dtype=np.int64))
-                if values.size and (values[0] < 0 or values[-1] >= 2**31):
-                    raise ValueError(f"{self.path}: row index out of range for a deletion vector")
-                if data_file.deletion_vector is not None:
-                    values = np.union1d(values, self._stored_vector(store, table_path, data_file))
-                cardinality = int(values.size)
-                if data_file.records >= 0 and cardinality > data_file.records:
-                    raise RuntimeError(
-                        f"{self.path}: a deletion vector of {data_file.path} would mark "
-                        f"{cardinality} rows of its {data_file.records}"
-                    )
-                written = writer.write(deletion_vectors.encode(values))
-                offset, length = int(written.offset()), int(written.length())
-                if path_or_inline is None:  # the same file of vectors for every file marked
-                    descriptor = c.on_disk_dv(
-                        file_id, "", length, cardinality, c.option(offset), c.none
-                    )
-                    storage_type = str(descriptor.storageType())
-                    path_or_inline = str(descriptor.pathOrInlineDv())
-                vector = {
-                    "storageType": storage_type,
-                    "pathOrInlineDv": path_or_inline,
-                    "offset": offset,
-                    "sizeInBytes": length,
-                    "cardinality": cardinality,
-                }
-                remembered.append((_vector_key(self.path, vector), values))
-                updated[data_file.path] = replace(
-                    data_file, deletion_vector=vector, stats=_loose_stats(data_file.stats)
+        vectors: list[tuple[DataFile, np.ndarray, bytes]] = []
+        for data_file, rows in marks:
+            values = np.unique(np.asarray(rows, dtype=np.int64))
+            if values.size and (values[0] < 0 or values[-1] >= 2**31):
+                raise ValueError(f"{self.path}: row index out of range for a deletion vector")
+            if data_file.deletion_vector is not None:
+                values = np.union1d(values, self._stored_vector(store, table_path, data_file))
+            if data_file.records >= 0 and values.size > data_file.records:
+                raise RuntimeError(
+                    f"{self.path}: a deletion vector of {data_file.path} would mark "
+                    f"{values.size} rows of its {data_file.records}"
                 )
-        finally:
-            writer.close()
+            vectors.append((data_file, values, deletion_vectors.encode(values)))
+        file_id = c.random_uuid()
+        dv_file = store.pathWithFileSystem(c.dv_path(table_path, file_id, ""))
+        ranges = self._write_vectors(store, dv_file, [encoded for *_, encoded in vectors])
+        # the same file of vectors for every file marked: its descriptor's fields asked once
+        descriptor = c.on_disk_dv(
+            file_id, "", ranges[0][1], int(vectors[0][1].size), c.option(ranges[0][0]), c.none
+        )
+        storage_type = str(descriptor.storageType())
+        path_or_inline = str(descriptor.pathOrInlineDv())
+        updated: dict[str, DataFile] = {}
+        remembered: list[tuple[tuple[str, str, int], np.ndarray]] = []
+        for (data_file, values, _), (offset, length) in zip(vectors, ranges, strict=True):
+            vector = {
+                "storageType": storage_type,
+                "pathOrInlineDv": path_or_inline,
+                "offset": offset,
+                "sizeInBytes": length,
+                "cardinality": int(values.size),
+            }
+            remembered.append((_vector_key(self.path, vector), values))
+            updated[data_file.path] = replace(
+                data_file, deletion_vector=vector, stats=_loose_stats(data_file.stats)
+            )
         for key, values in remembered:  # only once the file of vectors is whole
             _WRITTEN_VECTORS.put(key, values)
         return updated
+
+    def _write_vectors(
+        self, store: Any, dv_file: Any, vectors: list[bytes]
+    ) -> list[tuple[int, int]]:
+        """Write ``vectors`` (encoded) one after another into the new file of vectors
+        ``dv_file`` through Delta's store; each one's (offset, length) in it, once the file is
+        whole. One gateway call with pgcdc's jar (``BatchedCalls.writeVectors``), else three a
+        vector."""
+        batched = self._c.batched
+        if batched is not None:
+            ranges = str(
+                batched.writeVectors(
+                    store, dv_file, b"".join(vectors), ",".join(str(len(v)) for v in vectors)
+                )
+            )
+            pairs = [item.split(":") for item in ranges.split(",")]
+            return [(int(offset), int(length)) for offset, length in pairs]
+        writer = store.createWriter(dv_file)
+        try:
+            written = [writer.write(v) for v in vectors]
+            return [(int(w.offset()), int(w.length())) for w in written]
+        finally:
+            writer.close()
 
     def _stored_vector(self, store: Any, table_path: Any, data_file: DataFile) -> np.ndarray:
         """The row indexes ``data_file``'s current deletion vector marks."""
@@ -536,11 +560,14 @@ class TableLog:
                     {"txn": {"appId": app_id, "version": int(txn_version), "lastUpdated": now}}
                 )
             )
-        java_actions = c.ArrayList()
-        add = java_actions.add
-        from_json = c.action_from_json
-        for line in lines:
-            add(from_json(line))
+        if c.batched is not None:  # one gateway call, not two an action
+            java_actions = c.batched.actions(self._log, "\n".join(lines))
+        else:
+            java_actions = c.ArrayList()
+            add = java_actions.add
+            from_json = c.action_from_json
+            for line in lines:
+                add(from_json(line))
         sequence = c.as_scala(java_actions).toSeq()
         meta = c.option(user_metadata(metadata))
         if operation == "stream":

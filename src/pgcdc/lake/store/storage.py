@@ -222,6 +222,9 @@ class LakeStore(Protocol):
     ``write`` replaces the whole object at once (readers never see part of it); ``expect`` makes
     it conditional: ``None``, only if the object does not exist; a tag from ``read``, only if
     it is still that version; ``ANY``, always. A lost condition raises ``StoreConflict``.
+    ``sync=False`` lets a local store skip flushing the file to disk before it is in place:
+    for files a reader checks and rebuilds from the Delta table when they are damaged (Delta's
+    own commits on a local lake are not flushed either).
     ``probe`` does what a run does to the folder ``key`` (a file written, then removed) and
     leaves nothing behind; a ``StorageError`` naming the path and the fix if refused."""
 
@@ -229,7 +232,9 @@ class LakeStore(Protocol):
 
     def tag(self, key: str) -> str | None: ...
 
-    def write(self, key: str, data: bytes, *, expect: str | None = ANY) -> str: ...
+    def write(
+        self, key: str, data: bytes, *, expect: str | None = ANY, sync: bool = True
+    ) -> str: ...
 
     def names(self, key: str) -> list[str]: ...
 
@@ -353,7 +358,9 @@ class LocalStore:
         except OSError:
             return None
 
-    def write(self, key: str, data: bytes, *, expect: str | None = ANY) -> str:
+    def write(
+        self, key: str, data: bytes, *, expect: str | None = ANY, sync: bool = True
+    ) -> str:
         path = self._path(key)
         if expect != ANY:  # the lake's flock (``lease``) keeps other writers out
             found = self.read(key)
@@ -364,8 +371,9 @@ class LocalStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as out:
                 out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
+                if sync:
+                    out.flush()
+                    os.fsync(out.fileno())
         except OSError as exc:  # a full disk's error names no file: say which
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -558,7 +566,9 @@ class S3Store:
             raise self._fail(exc, f"read {self.location.uri(key)}") from None
         return str(head["ETag"])
 
-    def write(self, key: str, data: bytes, *, expect: str | None = ANY) -> str:
+    def write(
+        self, key: str, data: bytes, *, expect: str | None = ANY, sync: bool = True
+    ) -> str:
         args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": data}
         if expect is None:
             args["IfNoneMatch"] = "*"
