@@ -358,9 +358,7 @@ class LocalStore:
         except OSError:
             return None
 
-    def write(
-        self, key: str, data: bytes, *, expect: str | None = ANY, sync: bool = True
-    ) -> str:
+    def write(self, key: str, data: bytes, *, expect: str | None = ANY, sync: bool = True) -> str:
         path = self._path(key)
         if expect != ANY:  # the lake's flock (``lease``) keeps other writers out
             found = self.read(key)
@@ -566,9 +564,7 @@ class S3Store:
             raise self._fail(exc, f"read {self.location.uri(key)}") from None
         return str(head["ETag"])
 
-    def write(
-        self, key: str, data: bytes, *, expect: str | None = ANY, sync: bool = True
-    ) -> str:
+    def write(self, key: str, data: bytes, *, expect: str | None = ANY, sync: bool = True) -> str:
         args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Body": data}
         if expect is None:
             args["IfNoneMatch"] = "*"
