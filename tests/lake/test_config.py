@@ -215,6 +215,12 @@ def test_maintenance_settings() -> None:
         vacuum_retention_hours=2,
         vacuum_interval=60.0,
     )
+    # past half the tables' own fallback interval, Delta would checkpoint in the committing
+    # thread before maintenance: refused, naming the key and the bound
+    with pytest.raises(ConfigError) as raised:
+        parse_config({**BASE, "lake": {**lake, "checkpoint_commits": 501}})
+    assert "checkpoint_commits" in str(raised.value) and "500" in str(raised.value)
+    assert parse_config({**BASE, "lake": {**lake, "checkpoint_commits": 500}})
 
 
 @pytest.mark.parametrize("where", ["the file", "under the file"])

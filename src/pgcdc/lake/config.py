@@ -127,6 +127,7 @@ from pydantic import (
 
 from pgcdc.errors import PgcdcError
 from pgcdc.filters import RowFilter, RowFilterError
+from pgcdc.lake.store.delta import CHECKPOINT_FALLBACK
 from pgcdc.lake.store.metastore import embedded_metastore
 from pgcdc.lake.store.storage import LakeLocation, S3Settings, is_s3_uri
 from pgcdc.lake.write.maintenance import Maintenance
@@ -463,11 +464,15 @@ class LakeSettings(_Model):
     checkpoint_commits: int = Field(
         default=_MAINTENANCE.checkpoint_commits,
         ge=1,
+        # Delta's own fallback on the tables checkpoints in the committing thread (a batch's
+        # time again): maintenance must always come first
+        le=CHECKPOINT_FALLBACK // 2,
         description=(
             "write a checkpoint of a Delta table's log once this many commits followed its last "
             "one, less up to half by the table's path (a reader replays at most this many "
             "commit files; a checkpoint is a few Spark jobs, and a batch over many tables "
-            "commits each)"
+            "commits each); at most half the tables' own delta.checkpointInterval "
+            f"({CHECKPOINT_FALLBACK})"
         ),
     )
     compact_files: int = Field(

@@ -43,6 +43,7 @@ from typing import Any
 
 __all__ = [
     "CHECKPOINT_EVERY",
+    "CHECKPOINT_FALLBACK",
     "DELTA_PACKAGE",
     "DELTA_VERSION",
     "LOCAL_FS",
@@ -114,6 +115,9 @@ DEFAULTS = {
 #: Not Delta's 10: a checkpoint is a few Spark jobs, and a batch over many tables commits to
 #: each of them
 CHECKPOINT_EVERY = 50
+#: the tables' own ``delta.checkpointInterval``: Delta's checkpoint in the committing thread,
+#: only should maintenance fall far behind (``[lake] checkpoint_commits`` stays at most half)
+CHECKPOINT_FALLBACK = 20 * CHECKPOINT_EVERY
 
 #: every table pgcdc creates
 TABLE_PROPERTIES = {
@@ -122,7 +126,7 @@ TABLE_PROPERTIES = {
     # Delta writes a checkpoint in the committing thread, after the commit and before the
     # commit call returns (2-4 s here, a batch's whole time again): maintenance writes them
     # instead, and this is only the fallback should it fall far behind
-    "delta.checkpointInterval": str(20 * CHECKPOINT_EVERY),
+    "delta.checkpointInterval": str(CHECKPOINT_FALLBACK),
 }
 
 

@@ -1217,6 +1217,7 @@ class ClosedCopier:
 
     writer: SharedWriter  # its outputs: each history as stored (physical names both ways)
     ended: Mapping[int, Mapping[str, str]]  # per output: the request's column by physical name
+    current: Mapping[int, str]  # per output: the physical name of its IS_CURRENT (made false)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow.compute as pc
@@ -1236,12 +1237,9 @@ class ClosedCopier:
                     rows = mine.filter(pc.equal(mine.column("path"), path))
                     uri = f"{output.target.directory.rstrip('/')}/{path}"
                     stored = _stored_rows(fs, self.writer.location.arrow_path(uri), rows)
-                    for name, column in self.ended[number].items():
-                        value = (
-                            pa.array([False] * rows.num_rows, pa.bool_())
-                            if column == IS_CURRENT
-                            else rows.column(column)
-                        )
+                    values = {name: rows.column(c) for name, c in self.ended[number].items()}
+                    values[self.current[number]] = pa.array([False] * rows.num_rows, pa.bool_())
+                    for name, value in values.items():
                         at = stored.schema.get_field_index(name)
                         stored = (
                             stored.set_column(at, name, value)
@@ -1303,6 +1301,7 @@ def _closed_copies(
     requests = []
     outputs = {}
     ended = {}
+    current = {}
     for number, closing in enumerate(closings):
         target = closing.target
         asked = closing.requests
@@ -1312,8 +1311,8 @@ def _closed_copies(
             names[END_LSN]: "end_lsn",
             names[END_AT]: "end_at",
             names[END_OP]: "end_op",
-            names[IS_CURRENT]: IS_CURRENT,
         }
+        current[number] = names[IS_CURRENT]
         # written as read: under the physical names already
         physical = SnapshotOutput(
             target.table_id,
@@ -1327,7 +1326,7 @@ def _closed_copies(
         outputs[number] = Output(physical, keyed=False)
     asked_all = spark.createDataFrame(pa.concat_tables(requests).to_pandas(), _CLOSING_SPARK)
     tasks = max(1, min(len(closings), int(spark.sparkContext.defaultParallelism)))
-    copier = ClosedCopier(SharedWriter(outputs, location, tag), ended)
+    copier = ClosedCopier(SharedWriter(outputs, location, tag), ended, current)
     reports: dict[int, list[Mapping[str, Any]]] = {}
     rows = _collect_without_adaptive(
         spark, asked_all.repartition(tasks, F.col("out")).mapInArrow(copier, _WRITTEN_SPARK)
