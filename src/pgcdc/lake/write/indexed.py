@@ -824,12 +824,20 @@ def indexed_rows(batch: TableBatch) -> Any:
     return rows.select(*[F.col(quote_column(c)) for c in names], F.col(OP), hi, lo)
 
 
-def _target(table: TableLog, snapshot: Any, batch: TableBatch, kind: TableKind) -> SnapshotOutput:
+def _target(
+    table: TableLog,
+    snapshot: Any,
+    batch: TableBatch,
+    kind: TableKind,
+    delta: dict[str, Any] | None = None,
+) -> SnapshotOutput:
     """Where and how the writer tasks write one Delta table's files: its folder, its current
-    schema (logical and physical names) and its statistics columns."""
+    schema (logical and physical names) and its statistics columns. ``delta``: the snapshot's
+    schema (Delta's JSON), when the caller has it."""
     from pyspark.sql import types as T
 
-    delta = table.schema(snapshot)
+    if delta is None:
+        delta = table.schema(snapshot)
     struct = T.StructType.fromJson(delta)
     schema = arrow_schema(struct)
     physical = pa.schema(list(physical_type(pa.struct(list(schema)), delta)))
@@ -1391,7 +1399,8 @@ def direct_write(
         log_ = TableLog(spark, path)
         snapshot = log_.snapshot()
         # the schema as the table's latest snapshot has it (None: no table yet, evolve creates it)
-        current = T.StructType.fromJson(log_.schema(snapshot)) if snapshot.version() >= 0 else None
+        stored = log_.schema(snapshot) if snapshot.version() >= 0 else None
+        current = T.StructType.fromJson(stored) if stored is not None else None
         # the shared plan serves every changelog and the mirrors and histories without
         # unchanged TOAST values in the batch; one with some has a plan of its own (they are
         # resolved per key, and filled from the mirror as stored)
@@ -1439,7 +1448,8 @@ def direct_write(
             )
         if changed:
             snapshot = log_.snapshot()
-        target = _target(log_, snapshot, batch, kind)
+            stored = None
+        target = _target(log_, snapshot, batch, kind, stored)
         folder = index_folder(layout, table, kind)
         if kind != "changelog":
             keys = tuple(table.row_keys)
