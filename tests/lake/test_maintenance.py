@@ -478,3 +478,29 @@ def test_exclusive_maintenance_waits_for_batches_in_flight_and_holds_off_new_one
     second.join(10)
     vacuum.join(10)
     assert order == ["vacuum", "vacuum ends", "batch starts", "batch ends"]
+
+
+def test_a_step_cancelled_by_the_runs_stop_is_not_reported_as_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run that stops cancels the maintenance step in flight (its Spark jobs fail as
+    cancelled): logged as cancelled, not as a failure to try again after a later batch, and no
+    further step starts."""
+    calls: list[str] = []
+    stopped = threading.Event()
+
+    def checkpoint_if_due(self: Maintenance, spark: Any, name: str, path: str) -> None:
+        calls.append("checkpoint")
+        stopped.set()  # what MaintenanceWorker.stop does, then Spark fails the step's job
+        raise RuntimeError("[SPARK_JOB_CANCELLED] Job 262 cancelled part of cancelled job group")
+
+    def compact(self: Maintenance, spark: Any, name: str, path: str) -> None:
+        calls.append("compact")
+
+    monkeypatch.setattr(Maintenance, "checkpoint_if_due", checkpoint_if_due)
+    monkeypatch.setattr(Maintenance, "compact", compact)
+    with caplog.at_level(logging.INFO, logger="pgcdc"):
+        Maintenance().after_batch(None, [("t", str(tmp_path / "t"))], stopping=stopped.is_set)
+    assert calls == ["checkpoint"]
+    assert "maintenance (checkpoint_if_due) of t cancelled: the run stops" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -192,6 +192,11 @@ class Maintenance:
                     raise
                 # never fails the batch, whose commits are done: nothing of it depends on this
                 except Exception as exc:
+                    if stopping():  # the run's stop cancelled the step's jobs: nothing failed
+                        log.info(
+                            "maintenance (%s) of %s cancelled: the run stops", step.__name__, name
+                        )
+                        return
                     conflict = isinstance(exc, conflicts())
                     with _lock:
                         lost = _gave_way[key] = _gave_way.get(key, 0) + int(conflict)
