@@ -20,6 +20,7 @@ from pgcdc.lake.store.target import DeltaTarget
 from pgcdc.lake.write.batch import CONFLICT_ATTEMPTS, again_on_conflict
 from pgcdc.lake.write.maintenance import (
     COMPACT_METADATA,
+    EXCLUSIVE_AFTER,
     GAVE_WAY_WARNING,
     PURGE_METADATA,
     BatchGate,
@@ -263,11 +264,15 @@ class _Crowded(Maintenance):
     busy stream), and whose other steps are not due."""
 
     lose: list[bool] = dataclasses.field(default_factory=lambda: [True])
+    gate: BatchGate | None = None
+    #: per compaction: whether it held the batches off
+    held: list[bool] = dataclasses.field(default_factory=list)
 
     def compact(self, spark: Any, name: str, path: str) -> bool:
         from delta.exceptions import ConcurrentAppendException
 
-        if self.lose[0]:
+        self.held.append(self.gate is not None and self.gate._exclusive)
+        if self.lose[0] and not self.held[-1]:
             raise ConcurrentAppendException(message="Files were added by a concurrent update")
         return True
 
@@ -504,3 +509,38 @@ def test_a_step_cancelled_by_the_runs_stop_is_not_reported_as_failed(
     assert calls == ["checkpoint"]
     assert "maintenance (checkpoint_if_due) of t cancelled: the run stops" in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_a_compaction_that_keeps_giving_way_holds_the_batches_off(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under updates scattered over a table every batch marks rows in the files a compaction
+    rewrites: bench-scale's compactions gave way every time. After ``EXCLUSIVE_AFTER`` lost
+    races the step waits for the batch in flight and holds off the next one, and lands; then
+    it runs beside the batches again."""
+    gate = BatchGate()
+    crowded = _Crowded(gate=gate)
+    tables = [("public.t mirror", str(tmp_path / "t"))]
+    with caplog.at_level(logging.INFO, logger="pgcdc.lake"):
+        for _ in range(EXCLUSIVE_AFTER):
+            crowded.after_batch(None, tables, gate)
+        assert crowded.held == [False] * EXCLUSIVE_AFTER
+        in_flight = threading.Event()
+        done = threading.Event()
+
+        def batch() -> None:
+            with gate.batch():
+                in_flight.set()
+                time.sleep(0.5)
+                done.set()  # still in the batch: a step that did not wait would see it unset
+
+        thread = threading.Thread(target=batch)
+        thread.start()
+        assert in_flight.wait(10)
+        crowded.after_batch(None, tables, gate)  # waits for the batch, then holds the gate
+        assert done.is_set()
+        thread.join(10)
+        assert crowded.held[-1] is True
+        assert "holds off the next batch while it runs" in caplog.text
+        crowded.after_batch(None, tables, gate)  # it landed: beside the batches again
+        assert crowded.held[-1] is False

@@ -34,6 +34,9 @@ writes the same table makes that batch's write conflict; the batch writes it aga
 application transaction makes that safe). A vacuum with a retention under
 ``EXCLUSIVE_VACUUM_HOURS`` could delete the files of a write in flight, so it waits for the
 batch in flight and holds off the next one; with Delta's default retention it runs beside them.
+A compaction or purge that lost ``EXCLUSIVE_AFTER`` races in a row does the same: under updates
+scattered over a table every batch marks rows in the files it would rewrite, and it would never
+land while the stream runs.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from pgcdc.lake.store.storage import LeaseLost
 
 __all__ = [
     "COMPACT_METADATA",
+    "EXCLUSIVE_AFTER",
     "EXCLUSIVE_VACUUM_HOURS",
     "GAVE_WAY_WARNING",
     "PURGE_METADATA",
@@ -90,6 +94,8 @@ _lock = threading.Lock()
 
 #: conflicts in a row after which a step's giving way is a warning (and every as many after)
 GAVE_WAY_WARNING = 20
+#: conflicts in a row after which a compaction or purge holds off the batches while it runs
+EXCLUSIVE_AFTER = 3
 
 
 def deleted_share(spark: Any, path: str) -> float:
@@ -175,14 +181,27 @@ class Maintenance:
             for step in steps:
                 if stopping():
                     return
-                exclusive = (
+                key = (step.__name__, path)
+                with _lock:
+                    crowded = _gave_way.get(key, 0) >= EXCLUSIVE_AFTER
+                # a compaction or purge that keeps losing the commit race to the batches (each
+                # batch marks rows in the files it rewrites) would never land: it holds them off
+                crowded = crowded and step in (self.compact, self.purge_if_due)
+                exclusive = crowded or (
                     step == self.vacuum_if_due
                     and self.vacuum_retention_hours < EXCLUSIVE_VACUUM_HOURS
                 )
+                if crowded and gate is not None:
+                    log.info(
+                        "maintenance (%s) of %s gave way to batches' commits %d times: it "
+                        "holds off the next batch while it runs",
+                        step.__name__,
+                        name,
+                        _gave_way.get(key, 0),
+                    )
                 guard = (
                     gate.exclusive() if gate is not None and exclusive else contextlib.nullcontext()
                 )
-                key = (step.__name__, path)
                 try:
                     with guard:
                         if stopping():  # again: an exclusive step may have waited long
