@@ -183,10 +183,13 @@ class Maintenance:
                     return
                 key = (step.__name__, path)
                 with _lock:
-                    crowded = _gave_way.get(key, 0) >= EXCLUSIVE_AFTER
+                    lost_before = _gave_way.get(key, 0)
                 # a compaction or purge that keeps losing the commit race to the batches (each
                 # batch marks rows in the files it rewrites) would never land: it holds them off
-                crowded = crowded and step in (self.compact, self.purge_if_due)
+                crowded = lost_before >= EXCLUSIVE_AFTER and step in (
+                    self.compact,
+                    self.purge_if_due,
+                )
                 exclusive = crowded or (
                     step == self.vacuum_if_due
                     and self.vacuum_retention_hours < EXCLUSIVE_VACUUM_HOURS
@@ -197,7 +200,7 @@ class Maintenance:
                         "holds off the next batch while it runs",
                         step.__name__,
                         name,
-                        _gave_way.get(key, 0),
+                        lost_before,
                     )
                 guard = (
                     gate.exclusive() if gate is not None and exclusive else contextlib.nullcontext()
